@@ -1,0 +1,29 @@
+# Two entry points: `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv lint clean
+
+$(STAMP): pyproject.toml scripts/setup_venv.sh scripts/install_perf_analyzer.sh
+	PYTHON=$(PYTHON) bash scripts/setup_venv.sh $(VENV)
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/build_examples.py
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python examples/build_examples.py
+	$(BIN)/ruff check analyzer tests benchmarks examples
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff check analyzer tests benchmarks examples
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,145 @@
+"""A Triton model repository: `<repo>/<model>/config.pbtxt` and numeric version folders.
+
+Finds models, reads their configs with Triton's schema, applies the version policy and works out
+which backend serves the model. Every problem a user can cause is a RepositoryError whose message
+names the file and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analyzer.config.model_config import ConfigError, ModelConfig, load_model_config
+
+CONFIG_FILE = "config.pbtxt"
+
+# platform / backend names Triton uses -> our backend module and default model file name.
+BACKENDS: dict[str, tuple[str, str]] = {
+    "pytorch": ("pytorch_libtorch", "model.pt"),
+    "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
+    "python": ("", "model.py"),
+}
+_PLATFORM_TO_BACKEND = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
+
+
+class RepositoryError(ValueError):
+    """The repository, a model folder or a config is unusable; the message says which and why."""
+
+
+@dataclass
+class ModelSource:
+    """Everything needed to load one model: its folder, config and the versions to serve."""
+
+    name: str
+    path: Path
+    config: ModelConfig
+    backend: str
+    versions: list[int] = field(default_factory=list)
+
+    def version_path(self, version: int) -> Path:
+        return self.path / str(version)
+
+    def model_file(self, version: int) -> Path:
+        default = BACKENDS[self.backend][1]
+        return self.version_path(version) / (self.config.default_model_filename or default)
+
+
+def list_models(repository: str | Path) -> list[str]:
+    root = Path(repository)
+    if not root.is_dir():
+        raise RepositoryError(f"model repository '{root}' does not exist or is not a directory")
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def available_versions(model_path: Path) -> list[int]:
+    """Numeric sub-folders only; anything else (e.g. '__pycache__', 'notes') is ignored."""
+    return sorted(int(p.name) for p in model_path.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def read_model(
+    repository: str | Path, name: str, config_override: ModelConfig | None = None
+) -> ModelSource:
+    path = Path(repository) / name
+    if not path.is_dir():
+        raise RepositoryError(f"model '{name}' is not in repository '{repository}'")
+    config_path = path / CONFIG_FILE
+    if config_override is not None:
+        config = ModelConfig()
+        config.CopyFrom(config_override)
+    elif config_path.exists():
+        try:
+            config = load_model_config(config_path)
+        except ConfigError as err:
+            raise RepositoryError(str(err)) from None
+    else:
+        config = ModelConfig()  # allowed: backends that auto-complete (python, onnx) fill it
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        raise RepositoryError(
+            f"{config_path}: field 'name' is '{config.name}' but the model folder is '{name}'"
+        )
+    backend = resolve_backend(config, path, str(config_path))
+    versions = select_versions(config, available_versions(path), str(config_path))
+    return ModelSource(name=name, path=path, config=config, backend=backend, versions=versions)
+
+
+def resolve_backend(config: ModelConfig, path: Path, source: str) -> str:
+    """Fill `backend`/`platform` the way Triton does and return our backend name."""
+    backend = config.backend
+    if not backend and config.platform:
+        backend = _PLATFORM_TO_BACKEND.get(config.platform, "")
+        if not backend:
+            raise RepositoryError(
+                f"{source}: field 'platform' is '{config.platform}'; supported platforms are "
+                f"{', '.join(sorted(_PLATFORM_TO_BACKEND))}"
+            )
+    if not backend:
+        backend = _guess_backend(path)
+        if not backend:
+            raise RepositoryError(
+                f"{source}: neither 'backend' nor 'platform' is set and no model.pt, model.onnx "
+                "or model.py was found in a version folder"
+            )
+    if backend not in BACKENDS:
+        raise RepositoryError(
+            f"{source}: field 'backend' is '{backend}'; supported backends are "
+            f"{', '.join(sorted(BACKENDS))}"
+        )
+    config.backend = backend
+    platform = BACKENDS[backend][0]
+    if platform and not config.platform:
+        config.platform = platform
+    return backend
+
+
+def _guess_backend(path: Path) -> str:
+    for version in available_versions(path):
+        for backend, (_, filename) in BACKENDS.items():
+            if (path / str(version) / filename).exists():
+                return backend
+    return ""
+
+
+def select_versions(config: ModelConfig, versions: list[int], source: str) -> list[int]:
+    """Triton's version_policy: latest N (default latest 1), all, or specific."""
+    policy = config.version_policy
+    kind = policy.WhichOneof("policy_choice")
+    if not versions:
+        raise RepositoryError(f"{source}: model '{config.name}' has no numeric version folder")
+    if kind == "all":
+        return versions
+    if kind == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in versions]
+        if missing:
+            raise RepositoryError(
+                f"{source}: version_policy.specific lists version(s) {missing} "
+                f"but the model folder has {versions}"
+            )
+        return wanted
+    count = policy.latest.num_versions if kind == "latest" else 1
+    if count < 1:
+        raise RepositoryError(f"{source}: version_policy.latest.num_versions must be >= 1")
+    return versions[-count:]

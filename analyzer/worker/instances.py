@@ -1,0 +1,83 @@
+"""Model instance runners: one thread per instance, pulling batches from the model's scheduler.
+
+A runner owns one BackendInstance. TorchScript/ONNX instances compute on this thread (torch and
+onnxruntime release the GIL), python-backend instances forward the batch to their own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from analyzer.worker.backends.base import BackendInstance, InstanceSpec
+from analyzer.worker.batcher import Scheduler
+from analyzer.worker.errors import InferError, Status
+from analyzer.worker.request import BatchTiming, InferRequest
+from analyzer.worker.stats import ModelStats
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[InferRequest, dict | None, Exception | None], None]
+
+
+class InstanceRunner:
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        instance: BackendInstance,
+        scheduler: Scheduler,
+        stats: ModelStats,
+        deliver: Deliver,
+    ):
+        self.spec = spec
+        self.instance = instance
+        self.scheduler = scheduler
+        self.stats = stats
+        self.deliver = deliver
+        self.thread = threading.Thread(target=self._run, name=spec.name, daemon=True)
+        # (start_ns, end_ns, batch_size) of recent executions, for tests and debugging.
+        self.trace: list[tuple[int, int, int]] = []
+        self.trace_enabled = False
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        self.instance.thread_init()
+        while True:
+            batch = self.scheduler.next_batch()
+            if batch is None:
+                return
+            self._execute(batch)
+
+    def _execute(self, batch: list[InferRequest]) -> None:
+        timing = BatchTiming(compute_start_ns=time.perf_counter_ns())
+        try:
+            results = self.instance.execute(batch, timing)
+            if len(results) != len(batch):
+                raise InferError(
+                    f"instance {self.spec.name} returned {len(results)} responses for "
+                    f"{len(batch)} requests",
+                    Status.INTERNAL,
+                )
+        except Exception as err:  # the model failed the whole batch; the worker goes on
+            if not isinstance(err, InferError):
+                log.warning("model instance %s failed a batch: %s", self.spec.name, err)
+                err = InferError(f"{type(err).__name__}: {err}", Status.INTERNAL)
+            results = [err] * len(batch)
+        end = time.perf_counter_ns()
+        if self.trace_enabled:
+            self.trace.append((timing.compute_start_ns, end, sum(r.batch_size for r in batch)))
+        ok = [r for r, res in zip(batch, results, strict=True) if not isinstance(res, Exception)]
+        failed = [r for r, res in zip(batch, results, strict=True) if isinstance(res, Exception)]
+        self.stats.record_batch(ok, failed, timing)
+        for request, result in zip(batch, results, strict=True):
+            if isinstance(result, Exception):
+                self.deliver(request, None, result)
+            else:
+                self.deliver(request, result, None)

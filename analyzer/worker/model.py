@@ -1,0 +1,212 @@
+"""One loaded model version: its completed config, scheduler, instances and statistics."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from tritonclient.grpc import model_config_pb2
+
+from analyzer.config.model_config import ModelConfig
+from analyzer.datatypes import config_to_wire
+from analyzer.repository.repository import ModelSource
+from analyzer.worker import devices
+from analyzer.worker.backends.base import Backend, InstanceSpec
+from analyzer.worker.batcher import Scheduler
+from analyzer.worker.errors import InferError, Status
+from analyzer.worker.instances import InstanceRunner
+from analyzer.worker.request import InferRequest
+from analyzer.worker.stats import ModelStats
+from analyzer.worker.validate import RequestValidator
+
+log = logging.getLogger(__name__)
+KIND = model_config_pb2.ModelInstanceGroup.Kind
+_THREAD_PARAMS = ("INTRA_OP_THREAD_COUNT", "intra_op_thread_count")
+
+
+class ModelVersion:
+    """Serves one version of one model; `submit` is called on the protocol's event loop."""
+
+    def __init__(self, source: ModelSource, version: int, backend: Backend):
+        self.source = source
+        self.name = source.name
+        self.version = version
+        self.backend = backend
+        self.config: ModelConfig = source.config
+        self.stats = ModelStats(self.name, version)
+        self.scheduler = Scheduler(self.config, self.stats)
+        self.validator = RequestValidator(self.config)
+        self.runners: list[InstanceRunner] = []
+        self._order = _OrderedDelivery() if self._preserve_ordering() else None
+
+    def _preserve_ordering(self) -> bool:
+        return self.config.HasField("dynamic_batching") and (
+            self.config.dynamic_batching.preserve_ordering
+        )
+
+    def load(self) -> None:
+        """Create every instance; on failure, finalize what was created and re-raise."""
+        specs = instance_specs(self.config, self.backend.name)
+        try:
+            for spec in specs:
+                instance = self.backend.create_instance(self.source, self.version, spec)
+                runner = InstanceRunner(spec, instance, self.scheduler, self.stats, self._deliver)
+                self.runners.append(runner)
+            for runner in self.runners:
+                runner.start()
+        except BaseException:
+            self.unload()
+            raise
+
+    def submit(self, request: InferRequest) -> None:
+        self.validator.check(request)
+        if self._order is not None:
+            self._order.register(request)
+        try:
+            self.scheduler.enqueue(request)
+        except InferError:
+            self.stats.record_failure(request)
+            if self._order is not None:
+                self._order.forget(request)
+            raise
+
+    def _deliver(self, request: InferRequest, outputs, error) -> None:
+        if self._order is None:
+            request.on_done(outputs, error)
+        else:
+            self._order.done(request, outputs, error)
+
+    def unload(self) -> None:
+        for request in self.scheduler.close():
+            self.stats.record_failure(request)
+            request.on_done(
+                None, InferError(f"model '{self.name}' was unloaded", Status.UNAVAILABLE)
+            )
+        for runner in self.runners:
+            if runner.thread.is_alive():
+                runner.join(timeout=60)
+        for runner in self.runners:
+            try:
+                runner.instance.finalize()
+            except Exception as err:  # finalize errors must not stop the others
+                log.warning("finalize of %s failed: %s", runner.spec.name, err)
+        self.runners.clear()
+
+    def metadata(self, versions: list[int]) -> dict:
+        lead = [-1] if self.config.max_batch_size > 0 else []
+
+        def tensors(items):
+            return [
+                {
+                    "name": t.name,
+                    "datatype": config_to_wire(model_config_pb2.DataType.Name(t.data_type)),
+                    "shape": lead + [int(d) for d in t.dims],
+                }
+                for t in items
+            ]
+
+        return {
+            "name": self.name,
+            "versions": [str(v) for v in versions],
+            "platform": self.config.platform or self.config.backend,
+            "inputs": tensors(self.config.input),
+            "outputs": tensors(self.config.output),
+        }
+
+
+def instance_specs(config: ModelConfig, backend: str) -> list[InstanceSpec]:
+    """Expand instance_group the way Triton does: count × GPUs for GPU groups, count for CPU."""
+    gpus = devices.gpu_count()
+    model = config.name
+    if not config.instance_group:
+        group = config.instance_group.add()
+        group.kind = KIND.KIND_GPU if gpus and backend != "python" else KIND.KIND_CPU
+        group.count = 1
+    placements: list[tuple[str, str, str, int]] = []  # (instance name, group, kind, device)
+    for gi, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{model}_{gi}"
+        if group.count < 1:
+            group.count = 1
+        if group.kind == KIND.KIND_AUTO:
+            group.kind = KIND.KIND_GPU if gpus else KIND.KIND_CPU
+        if group.kind == KIND.KIND_GPU:
+            if not gpus:
+                raise ValueError(
+                    f"instance_group '{group.name}' of model '{model}' has kind KIND_GPU but "
+                    "no GPU is available; use KIND_CPU"
+                )
+            if not group.gpus:
+                group.gpus.extend(range(gpus))
+            bad = [g for g in group.gpus if g >= gpus]
+            if bad:
+                raise ValueError(
+                    f"instance_group '{group.name}' of model '{model}' lists GPU(s) {bad} "
+                    f"but only {gpus} GPU(s) exist"
+                )
+            devices_of_group = [(int(g), "GPU") for g in group.gpus]
+        else:
+            devices_of_group = [(0, "MODEL" if group.kind == KIND.KIND_MODEL else "CPU")]
+        n = 0
+        for device, kind in devices_of_group:
+            for _ in range(group.count):
+                placements.append((f"{group.name}_{n}", group.name, kind, device))
+                n += 1
+    threads = _thread_budget(config, sum(1 for p in placements if p[2] != "GPU"))
+    return [
+        InstanceSpec(
+            name=name,
+            group=group_name,
+            kind=kind,
+            device_id=device,
+            index=i,
+            count=len(placements),
+            cpu_threads=threads,
+        )
+        for i, (name, group_name, kind, device) in enumerate(placements)
+    ]
+
+
+def _thread_budget(config: ModelConfig, cpu_instances: int) -> int:
+    """Split the CPUs between CPU instances unless the config sets a thread count."""
+    for key in _THREAD_PARAMS:
+        if key in config.parameters:
+            value = config.parameters[key].string_value
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+            raise ValueError(
+                f"parameter '{key}' of model '{config.name}' must be a positive integer, "
+                f"got '{value}'"
+            )
+    return max(1, devices.cpu_count() // max(cpu_instances, 1))
+
+
+class _OrderedDelivery:
+    """preserve_ordering: hold responses that finish early until their predecessors finish."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._next_seq = 0
+        self._send_seq = 0
+        self._seq: dict[int, int] = {}
+        self._ready: dict[int, tuple] = {}
+
+    def register(self, request: InferRequest) -> None:
+        with self._lock:
+            self._seq[id(request)] = self._next_seq
+            self._next_seq += 1
+
+    def forget(self, request: InferRequest) -> None:
+        self.done(request, None, None, send=False)
+
+    def done(self, request: InferRequest, outputs, error, send: bool = True) -> None:
+        with self._lock:
+            seq = self._seq.pop(id(request))
+            self._ready[seq] = (request, outputs, error, send)
+            out = []
+            while self._send_seq in self._ready:
+                out.append(self._ready.pop(self._send_seq))
+                self._send_seq += 1
+        for req, outs, err, do_send in out:
+            if do_send:
+                req.on_done(outs, err)

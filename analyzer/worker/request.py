@@ -1,0 +1,47 @@
+"""The records that travel between the protocol layer, the scheduler and the model instances."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One client request after decoding: input tensors are numpy views of the received bytes.
+
+    `on_done(outputs, error)` is called exactly once, from whichever thread finished the request;
+    the protocol layer makes it hop back onto its own event loop.
+    """
+
+    model_name: str
+    inputs: dict[str, np.ndarray]
+    wire_types: dict[str, str]
+    requested_outputs: list[str] | None
+    on_done: Callable[[dict[str, np.ndarray] | None, Exception | None], None]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 1
+    priority: int = 0
+    timeout_us: int = 0
+    arrival_ns: int = 0
+    queue_start_ns: int = 0
+    correlation_id: int | str = 0
+    flags: int = 0
+
+    def batch_signature(self) -> tuple:
+        """Requests batch together only when every non-batch dimension agrees."""
+        return tuple((name, arr.shape[1:]) for name, arr in self.inputs.items())
+
+
+@dataclass(slots=True)
+class BatchTiming:
+    """Durations of one execution, shared by every request in it (Triton's accounting)."""
+
+    compute_start_ns: int = 0
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0

@@ -1,0 +1,136 @@
+"""`model-analyzer serve`: the worker process — HTTP, gRPC and metrics endpoints over one manager.
+
+HTTP and metrics run on the main uvloop event loop; gRPC runs its own asyncio loop on a thread
+(grpc.aio and uvloop do not share a loop). Model instances run on their own threads/processes.
+SIGINT/SIGTERM stop accepting work, finalize every model and release the ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+
+import uvloop
+
+from analyzer import __version__
+from analyzer.repository.repository import RepositoryError
+from analyzer.worker.http import RestApi
+from analyzer.worker.http_server import HttpRequest, HttpResponse, Respond, start_http_server
+from analyzer.worker.manager import ModelManager
+from analyzer.worker.metrics import render_metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeOptions:
+    model_repository: str
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    model_control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    exit_on_error: bool = True
+
+
+class StartupError(RuntimeError):
+    """The worker could not start (bad repository, a model failed to load, a port is taken)."""
+
+
+class Worker:
+    def __init__(self, options: ServeOptions):
+        self.options = options
+        self.manager = ModelManager(options.model_repository, options.model_control_mode)
+        self.servers: list[asyncio.AbstractServer] = []
+        self.grpc = None
+        self.api: RestApi | None = None
+        self.ports: dict[str, int] = {}
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        opts = self.options
+        try:
+            errors = await loop.run_in_executor(None, self.manager.startup, opts.load_models)
+        except RepositoryError as err:
+            raise StartupError(str(err)) from None
+        for line in errors:
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        if errors and opts.exit_on_error:
+            await loop.run_in_executor(None, self.manager.shutdown)
+            raise StartupError(f"{len(errors)} model(s) failed to load")
+        self.api = RestApi(self.manager, loop, __version__)
+        try:
+            if opts.allow_http:
+                await self._listen("http", self.api, opts.http_port)
+            if opts.allow_metrics:
+                await self._listen("metrics", self._metrics, opts.metrics_port)
+            if opts.allow_grpc:
+                from analyzer.worker.grpc import GrpcServer
+
+                self.grpc = GrpcServer(self.manager, self.api, opts.host, opts.grpc_port)
+                self.ports["grpc"] = self.grpc.start()
+        except OSError as err:
+            await self.stop()
+            raise StartupError(f"cannot listen on {opts.host}: {err.strerror or err}") from None
+        self.api.ready = True
+
+    async def _listen(self, name: str, handler, port: int) -> None:
+        server = await start_http_server(handler, self.options.host, port)
+        self.servers.append(server)
+        self.ports[name] = server.sockets[0].getsockname()[1]
+
+    def _metrics(self, request: HttpRequest, respond: Respond) -> None:
+        if request.path.rstrip("/") != "/metrics":
+            respond(HttpResponse(404, [b'{"error":"only /metrics is served here"}']))
+            return
+        text = render_metrics(self.manager.loaded())
+        respond(HttpResponse(200, [text.encode()], content_type="text/plain; version=0.0.4"))
+
+    def ready_line(self) -> str:
+        models = ", ".join(
+            f"{m.name}:{m.version}" for m in sorted(self.manager.loaded(), key=lambda m: m.name)
+        )
+        ports = " ".join(f"{k}={self.options.host}:{v}" for k, v in self.ports.items())
+        return f"model-analyzer serve ready: {ports} models=[{models}]"
+
+    async def stop(self) -> None:
+        if self.api is not None:
+            self.api.ready = False
+        for server in self.servers:
+            server.close()
+        if self.grpc is not None:
+            self.grpc.stop()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.manager.shutdown)
+        for server in self.servers:
+            await server.wait_closed()
+
+
+async def _serve(options: ServeOptions) -> int:
+    worker = Worker(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await worker.start()
+    except StartupError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 1
+    print(worker.ready_line(), flush=True)
+    await stop.wait()
+    print("model-analyzer serve: shutting down", flush=True)
+    await worker.stop()
+    return 0
+
+
+def serve(options: ServeOptions) -> int:
+    """Run the worker until SIGINT/SIGTERM; returns the process exit code."""
+    return uvloop.run(_serve(options))

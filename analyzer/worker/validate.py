@@ -1,0 +1,96 @@
+"""Request checks against the model config, with Triton's wording, before anything is queued."""
+
+from __future__ import annotations
+
+from tritonclient.grpc import model_config_pb2
+
+from analyzer.config.model_config import ModelConfig
+from analyzer.datatypes import config_to_wire
+from analyzer.worker.errors import InferError
+from analyzer.worker.request import InferRequest
+
+
+class RequestValidator:
+    """Precomputed per model version so the per-request check is a few dict lookups."""
+
+    def __init__(self, config: ModelConfig):
+        self.model = config.name
+        self.max_batch = config.max_batch_size
+        self.inputs = {
+            i.name: (
+                config_to_wire(model_type_name(i.data_type)),
+                tuple(i.dims),
+                tuple(i.reshape.shape) if i.HasField("reshape") else None,
+            )
+            for i in config.input
+        }
+        self.required = [i.name for i in config.input if not i.optional]
+        self.outputs = {o.name for o in config.output}
+
+    def check(self, request: InferRequest) -> None:
+        model = self.model
+        batch = None
+        for name, array in request.inputs.items():
+            spec = self.inputs.get(name)
+            if spec is None:
+                raise InferError(f"unexpected inference input '{name}' for model '{model}'")
+            wire, dims, reshape = spec
+            if request.wire_types[name] != wire:
+                raise InferError(
+                    f"unexpected datatype {request.wire_types[name]} for inference input "
+                    f"'{name}', expecting {wire} for model '{model}'"
+                )
+            shape = array.shape
+            if self.max_batch > 0:
+                if not shape:
+                    raise InferError(f"input '{name}' for model '{model}' has no batch dimension")
+                if batch is None:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise InferError(
+                        f"input '{name}' for model '{model}' has batch size {shape[0]}, "
+                        f"other inputs have {batch}"
+                    )
+                shape = shape[1:]
+            if not _matches(shape, dims):
+                full = ([-1] if self.max_batch > 0 else []) + list(dims)
+                raise InferError(
+                    f"unexpected shape for input '{name}' for model '{model}'. "
+                    f"Expected {_fmt(full)}, got {_fmt(array.shape)}"
+                )
+            if reshape is not None:
+                lead = array.shape[:1] if self.max_batch > 0 else ()
+                request.inputs[name] = array.reshape(lead + reshape)
+        for name in self.required:
+            if name not in request.inputs:
+                raise InferError(f"expected input '{name}' for model '{model}' was not provided")
+        if self.max_batch > 0:
+            batch = batch or 0
+            if batch < 1 or batch > self.max_batch:
+                raise InferError(
+                    f"inference request batch-size must be <= {self.max_batch} for "
+                    f"'{model}', got {batch}"
+                )
+            request.batch_size = batch
+        else:
+            request.batch_size = 1
+        if request.requested_outputs:
+            for name in request.requested_outputs:
+                if name not in self.outputs:
+                    raise InferError(
+                        f"unexpected inference output '{name}' for model '{model}'"
+                    )
+
+
+def model_type_name(data_type: int) -> str:
+    return model_config_pb2.DataType.Name(data_type)
+
+
+def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    if len(shape) != len(dims):
+        return False
+    return all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
+
+
+def _fmt(shape) -> str:
+    return "[" + ",".join(str(int(d)) for d in shape) + "]"
