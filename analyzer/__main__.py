@@ -1,0 +1,3 @@
+from analyzer.cli import app
+
+app(prog_name="model-analyzer")

@@ -1,0 +1,140 @@
+"""Serving efficiency: TorchScript example through the worker vs in-process torch.
+
+    .venv/bin/python benchmarks/serving_efficiency.py [--pairs 3] [--window-ms 2000]
+
+For each serving setting (client batch, dynamic batching, instances, concurrency) the worker is
+driven by NVIDIA's perf_analyzer, alternating with the offline limit measured in-process (torch,
+inference_mode, inputs prepared in advance) at the batch size the worker actually executed. On CPU
+the worker and the offline loop are pinned to core 1 and perf_analyzer to core 0, with one torch
+thread on both sides (../shared/BENCHMARKING.md). Reported: per setting the median of the pairwise
+ratios served/offline with min and max; the figure is the best setting's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from serving import EXAMPLES, start_worker  # noqa: E402
+
+PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
+SERVER_CPU, CLIENT_CPU = "1", "0"
+
+
+@dataclass
+class Setting:
+    name: str
+    client_batch: int
+    concurrency: int
+    config: str  # appended to tiny_cnn's config.pbtxt
+
+
+SETTINGS = [
+    Setting("b8_direct", 8, 2, ""),
+    Setting("b16_direct", 16, 2, ""),
+    Setting("b1_dynamic16", 1, 32, "dynamic_batching { max_queue_delay_microseconds: 2000 }"),
+]
+
+OFFLINE = """
+import sys, time, torch
+torch.set_num_threads(1)
+m = torch.jit.load(sys.argv[1]).eval()
+b, seconds = int(sys.argv[2]), float(sys.argv[3])
+x = torch.randn(b, 3, 32, 32)
+with torch.inference_mode():
+    for _ in range(20):
+        m(x)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        m(x)
+        n += 1
+    print(n * b / (time.perf_counter() - t0))
+"""
+
+
+def make_repository(root: Path) -> None:
+    base = (EXAMPLES / "tiny_cnn" / "config.pbtxt").read_text()
+    for s in SETTINGS:
+        folder = root / f"tiny_cnn_{s.name}"
+        (folder / "1").mkdir(parents=True)
+        shutil.copy(EXAMPLES / "tiny_cnn" / "1" / "model.pt", folder / "1" / "model.pt")
+        config = base.replace('name: "tiny_cnn"', f'name: "tiny_cnn_{s.name}"')
+        (folder / "config.pbtxt").write_text(config + "\n" + s.config + "\n")
+
+
+def offline(batch: int, seconds: float) -> float:
+    model = str(EXAMPLES / "tiny_cnn" / "1" / "model.pt")
+    cmd = ["taskset", "-c", SERVER_CPU, sys.executable, "-c", OFFLINE, model, str(batch),
+           str(seconds)]  # fmt: skip
+    return float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+
+def stats(address: str, model: str) -> tuple[int, int]:
+    with urllib.request.urlopen(f"http://{address}/v2/models/{model}/stats") as r:
+        s = json.load(r)["model_stats"][0]
+    return s["inference_count"], s["execution_count"]
+
+
+def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[float, float]:
+    model = f"tiny_cnn_{setting.name}"
+    before = stats(address, model)
+    cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", address,
+           "-i", "http", "-b", str(setting.client_batch),
+           "--concurrency-range", str(setting.concurrency), "-p", str(window_ms),
+           "-f", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(run.stdout + run.stderr)
+    with out.open() as f:
+        row = next(csv.DictReader(f))
+    after = stats(address, model)
+    executed = (after[0] - before[0]) / max(after[1] - before[1], 1)
+    return float(row["Inferences/Second"]), executed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--window-ms", type=int, default=2000)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="serving-eff-"))
+    make_repository(tmp / "repo")
+    worker = start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU)
+    results = {}
+    try:
+        for s in SETTINGS:
+            served(worker.http, s, 1000, tmp / "warm.csv")  # warm-up
+            ratios, detail = [], []
+            for _ in range(args.pairs):
+                throughput, executed = served(worker.http, s, args.window_ms, tmp / "pa.csv")
+                batch = max(1, round(executed))
+                limit = offline(batch, 3.0)
+                ratios.append(throughput / limit)
+                detail.append((throughput, limit, executed))
+            results[s.name] = (statistics.median(ratios), min(ratios), max(ratios), detail)
+            print(f"{s.name:>14}: ratio median {results[s.name][0]:.3f} "
+                  f"(min {min(ratios):.3f}, max {max(ratios):.3f}); "
+                  + "; ".join(f"served {t:.0f}/s at avg batch {e:.1f} vs offline {lim:.0f}/s"
+                              for t, lim, e in detail), flush=True)  # fmt: skip
+    finally:
+        worker.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    best = max(results, key=lambda k: results[k][0])
+    print(f"serving efficiency (best setting {best}): {results[best][0]:.3f} "
+          f"(min {results[best][1]:.3f}, max {results[best][2]:.3f})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

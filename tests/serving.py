@@ -1,0 +1,97 @@
+"""Start a real `model-analyzer serve` process for a test and always stop it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "model_repository"
+_READY = re.compile(r"model-analyzer serve ready: (.*) models=")
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen
+    ports: dict[str, int]
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.ports['http']}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.ports['grpc']}"
+
+    @property
+    def metrics(self) -> str:
+        return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+
+def start_worker(
+    repository: Path, *args: str, timeout: float = 90, cpus: str | None = None
+) -> Served:
+    """Launch the worker on free ports and wait for its ready line."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "analyzer",
+        "serve",
+        "--model-repository",
+        str(repository),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        *args,
+    ]
+    if cpus:
+        cmd = ["taskset", "-c", cpus, *cmd]
+    process = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    served = Served(process, {})
+    ready = threading.Event()
+
+    def pump() -> None:
+        for line in process.stdout:
+            served.output.append(line)
+            match = _READY.search(line)
+            if match and not ready.is_set():
+                for item in match.group(1).split():
+                    name, _, addr = item.partition("=")
+                    served.ports[name] = int(addr.rsplit(":", 1)[1])
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.1):
+        if process.poll() is not None or time.monotonic() > deadline:
+            served.stop()
+            raise RuntimeError("worker did not start:\n" + "".join(served.output))
+    return served

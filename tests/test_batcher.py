@@ -1,0 +1,129 @@
+"""The scheduler's batch formation, driven directly with real requests (no server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from analyzer.config.model_config import parse_model_config
+from analyzer.worker.batcher import Scheduler
+from analyzer.worker.errors import InferError
+from analyzer.worker.request import InferRequest
+from analyzer.worker.stats import ModelStats
+
+
+def scheduler(extra: str, max_batch_size: int = 8) -> Scheduler:
+    config = parse_model_config(f'name: "m"\nmax_batch_size: {max_batch_size}\n{extra}')
+    return Scheduler(config, ModelStats("m", 1))
+
+
+def request(batch: int = 1, width: int = 4, done=None) -> InferRequest:
+    r = InferRequest(
+        model_name="m",
+        inputs={"X": np.zeros((batch, width), np.float32)},
+        wire_types={"X": "FP32"},
+        requested_outputs=None,
+        on_done=done or (lambda o, e: None),
+        arrival_ns=time.perf_counter_ns(),
+    )
+    r.batch_size = batch
+    return r
+
+
+def test_without_dynamic_batching_each_request_runs_alone():
+    s = scheduler("")
+    for _ in range(3):
+        s.enqueue(request())
+    assert [len(s.next_batch()) for _ in range(3)] == [1, 1, 1]
+
+
+def test_zero_delay_sends_everything_pending_up_to_max():
+    s = scheduler("dynamic_batching {}")
+    for b in (3, 3, 3):
+        s.enqueue(request(b))
+    assert [r.batch_size for r in s.next_batch()] == [3, 3]  # 9 would exceed 8
+    assert [r.batch_size for r in s.next_batch()] == [3]
+
+
+def test_preferred_size_is_favoured():
+    s = scheduler("dynamic_batching { preferred_batch_size: [2, 4] }")
+    for _ in range(3):
+        s.enqueue(request())
+    assert len(s.next_batch()) == 2  # largest preferred size found among the 3 pending
+
+
+def test_different_shapes_do_not_batch_together():
+    s = scheduler("dynamic_batching {}")
+    s.enqueue(request(width=4))
+    s.enqueue(request(width=5))
+    assert len(s.next_batch()) == 1
+    assert len(s.next_batch()) == 1
+
+
+def test_queue_delay_waits_for_more_requests_then_sends():
+    delay_us = 300_000
+    s = scheduler(f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}")
+    first = request()
+    s.enqueue(first)
+    threading.Timer(0.05, lambda: s.enqueue(request())).start()
+    batch = s.next_batch()
+    waited = time.perf_counter_ns() - first.queue_start_ns
+    assert len(batch) == 2  # the second request arrived within the delay and joined
+    assert waited / (delay_us * 1000) >= 0.99  # held for the whole delay: the batch could grow
+
+
+def test_full_batch_does_not_wait_for_the_delay():
+    delay_us = 5_000_000
+    s = scheduler(f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}")
+    for _ in range(8):
+        s.enqueue(request())
+    t0 = time.perf_counter_ns()
+    assert len(s.next_batch()) == 8
+    assert (time.perf_counter_ns() - t0) / (delay_us * 1000) < 0.5
+
+
+def test_max_queue_size_rejects_at_once():
+    s = scheduler("dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+    s.enqueue(request())
+    s.enqueue(request())
+    with pytest.raises(InferError, match="maximum queue size"):
+        s.enqueue(request())
+
+
+def test_priority_levels_serve_higher_priority_first():
+    s = scheduler("dynamic_batching { priority_levels: 2 default_priority_level: 2 }", 1)
+    low = request()
+    high = request()
+    high.priority = 1
+    s.enqueue(low)
+    s.enqueue(high)
+    assert s.next_batch() == [high]
+    assert s.next_batch() == [low]
+
+
+def test_timeout_rejects_expired_requests():
+    errors = []
+    s = scheduler(
+        "dynamic_batching { max_queue_delay_microseconds: 100000 "
+        "default_queue_policy { default_timeout_microseconds: 1000 } }"
+    )
+    s.enqueue(request(done=lambda o, e: errors.append(e)))
+    time.sleep(0.01)
+    s.enqueue(request())
+    batch = s.next_batch()
+    assert len(batch) == 1 and len(errors) == 1 and "timeout" in str(errors[0])
+
+
+def test_close_releases_waiting_instances_and_returns_leftovers():
+    s = scheduler("dynamic_batching { max_queue_delay_microseconds: 10000000 }")
+    s.enqueue(request())
+    results = []
+    t = threading.Thread(target=lambda: results.append(s.next_batch()))
+    t.start()
+    time.sleep(0.05)
+    leftovers = s.close()
+    t.join(5)
+    assert results == [None] and len(leftovers) == 1

@@ -1,0 +1,186 @@
+"""KServe v2 REST against a real worker process, driven by tritonclient.http and raw HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as httpclient
+from serving import EXAMPLES
+from tritonclient.utils import InferenceServerException
+
+
+@pytest.fixture(scope="module")
+def client(examples_worker):
+    c = httpclient.InferenceServerClient(examples_worker.http, concurrency=4)
+    yield c
+    c.close()
+
+
+def add_sub_inputs(a: np.ndarray, b: np.ndarray, binary: bool = True):
+    inputs = [
+        httpclient.InferInput("INPUT0", list(a.shape), "FP32"),
+        httpclient.InferInput("INPUT1", list(b.shape), "FP32"),
+    ]
+    inputs[0].set_data_from_numpy(a, binary_data=binary)
+    inputs[1].set_data_from_numpy(b, binary_data=binary)
+    return inputs
+
+
+def test_health_and_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("add_sub") and client.is_model_ready("tiny_cnn")
+    meta = client.get_server_metadata()
+    assert "statistics" in meta["extensions"] and "binary_tensor_data" in meta["extensions"]
+    model = client.get_model_metadata("add_sub")
+    assert model["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}
+    config = client.get_model_config("tiny_cnn")
+    assert config["max_batch_size"] == 32 and config["input"][0]["dims"] == [3, 32, 32]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_add_sub_exact(client, binary):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    b = rng.standard_normal((3, 4)).astype(np.float32)
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+    ]
+    result = client.infer("add_sub", add_sub_inputs(a, b, binary), outputs=outputs, request_id="r7")
+    assert result.get_response()["id"] == "r7"
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_tiny_cnn_equals_in_process_torch(client):
+    module = torch.jit.load(str(EXAMPLES / "tiny_cnn" / "1" / "model.pt")).eval()
+    x = np.random.default_rng(2).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    inp = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    served = client.infer("tiny_cnn", [inp]).as_numpy("OUTPUT__0")
+    with torch.inference_mode():
+        expected = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+
+
+def _expect_error(client, model, inputs, match):
+    with pytest.raises(InferenceServerException, match=match):
+        client.infer(model, inputs)
+
+
+def test_bad_requests_get_clear_errors_and_the_worker_keeps_serving(client):
+    a = np.ones((1, 4), np.float32)
+    _expect_error(client, "nope", add_sub_inputs(a, a), "unknown model.*'nope'")
+    wrong = httpclient.InferInput("INPUTX", [1, 4], "FP32")
+    wrong.set_data_from_numpy(a)
+    _expect_error(client, "add_sub", [add_sub_inputs(a, a)[0], wrong], "INPUTX")
+    bad_shape = add_sub_inputs(np.ones((1, 5), np.float32), np.ones((1, 5), np.float32))
+    _expect_error(client, "add_sub", bad_shape, r"Expected \[-1,4\], got \[1,5\]")
+    big = np.ones((9, 4), np.float32)
+    _expect_error(client, "add_sub", add_sub_inputs(big, big), "batch-size must be <= 8")
+    ints = [httpclient.InferInput(n, [1, 4], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in ints:
+        i.set_data_from_numpy(np.ones((1, 4), np.int32))
+    _expect_error(client, "add_sub", ints, "datatype INT32.*expecting FP32")
+    result = client.infer("add_sub", add_sub_inputs(a, a))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
+def _raw_post(address: str, path: str, body: bytes, headers: dict | None = None):
+    conn = http.client.HTTPConnection(address, timeout=10)
+    conn.request("POST", path, body=body, headers=headers or {})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, data
+
+
+def test_malformed_json_and_truncated_binary(examples_worker):
+    status, body = _raw_post(examples_worker.http, "/v2/models/add_sub/infer", b"{not json")
+    assert status == 400 and "malformed JSON" in json.loads(body)["error"]
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, 4],
+                    "parameters": {"binary_data_size": 16},
+                },
+                {
+                    "name": "INPUT1",
+                    "datatype": "FP32",
+                    "shape": [1, 4],
+                    "parameters": {"binary_data_size": 16},
+                },
+            ]
+        }
+    ).encode()
+    body_bytes = header + b"\0" * 20  # 32 bytes announced, 20 sent
+    status, body = _raw_post(
+        examples_worker.http,
+        "/v2/models/add_sub/infer",
+        body_bytes,
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert status == 400 and "INPUT1" in json.loads(body)["error"]
+
+
+def test_json_inputs_without_binary(examples_worker):
+    body = json.dumps(
+        {
+            "id": "j1",
+            "inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+                {"name": "INPUT1", "datatype": "FP32", "shape": [1, 4], "data": [[4, 3, 2, 1]]},
+            ],
+        }
+    ).encode()
+    status, data = _raw_post(examples_worker.http, "/v2/models/add_sub/infer", body)
+    reply = json.loads(data)
+    assert status == 200 and reply["id"] == "j1"
+    out = {o["name"]: o["data"] for o in reply["outputs"]}
+    assert out == {"OUTPUT0": [5, 5, 5, 5], "OUTPUT1": [-3, -1, 1, 3]}
+
+
+def test_statistics_follow_tritons_accounting(client):
+    a = np.ones((2, 4), np.float32)
+    before = client.get_inference_statistics("add_sub")["model_stats"][0]
+    for _ in range(5):
+        client.infer("add_sub", add_sub_inputs(a, a))
+    stats = client.get_inference_statistics("add_sub")["model_stats"][0]
+    s = stats["inference_stats"]
+    assert s["success"]["count"] - before["inference_stats"]["success"]["count"] == 5
+    assert stats["inference_count"] - before["inference_count"] == 10
+    assert s["queue"]["count"] == s["success"]["count"]
+    assert (
+        s["compute_input"]["count"] == s["compute_infer"]["count"] == s["compute_output"]["count"]
+    )
+    assert stats["batch_stats"] and stats["version"] == "1"
+
+
+def test_metrics_use_triton_names(client, examples_worker):
+    client.infer(
+        "add_sub", add_sub_inputs(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32))
+    )
+    text = urllib.request.urlopen(examples_worker.metrics, timeout=10).read().decode()
+    line = next(
+        x
+        for x in text.splitlines()
+        if x.startswith('nv_inference_request_success{model="add_sub",version="1"}')
+    )
+    assert int(line.split()[-1]) >= 1
+    for name in (
+        "nv_inference_count",
+        "nv_inference_exec_count",
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_request_failure",
+    ):
+        assert f"{name}{{" in text
+    assert "_total" not in text and "e+" not in text

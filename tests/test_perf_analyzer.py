@@ -1,0 +1,30 @@
+"""The real NVIDIA perf_analyzer (2.41.0, installed by the set-up) drives the worker."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from serving import ROOT
+
+PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["add_sub", "tiny_cnn"])
+def test_perf_analyzer_drives_the_worker(examples_worker, protocol, model, tmp_path: Path):
+    assert PERF_ANALYZER.exists(), "the set-up (make test) installs perf_analyzer into .venv"
+    url = examples_worker.http if protocol == "http" else examples_worker.grpc
+    csv = tmp_path / "pa.csv"
+    cmd = [
+        str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
+        "--concurrency-range", "1:8:7", "-p", "500", "-s", "30", "-r", "20", "-f", str(csv),
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    throughputs = [float(x) for x in re.findall(r"Throughput: ([\d.]+) infer/sec", run.stdout)]
+    assert len(throughputs) == 2 and all(t > 0 for t in throughputs), run.stdout
+    rows = csv.read_text().splitlines()
+    assert rows[0].startswith("Concurrency,Inferences/Second") and len(rows) == 3

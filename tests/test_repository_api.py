@@ -1,0 +1,85 @@
+"""Repository API and model control modes against a real worker process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from serving import EXAMPLES, start_worker
+from tritonclient.utils import InferenceServerException
+
+
+@pytest.fixture(scope="module")
+def explicit_worker(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    shutil.copytree(EXAMPLES / "tiny_cnn", repo / "tiny_cnn")
+    served = start_worker(repo, "--model-control-mode", "explicit", "--load-model", "add_sub")
+    yield served
+    assert served.stop() == 0
+
+
+def test_explicit_mode_loads_only_what_was_asked(explicit_worker):
+    client = httpclient.InferenceServerClient(explicit_worker.http)
+    index = {row["name"]: row for row in client.get_model_repository_index()}
+    assert index["add_sub"]["state"] == "READY"
+    assert "state" not in index["tiny_cnn"]  # never loaded: name only, as Triton answers
+    assert not client.is_model_ready("tiny_cnn")
+    client.close()
+
+
+def test_load_with_config_override_then_unload(explicit_worker):
+    client = httpclient.InferenceServerClient(explicit_worker.http)
+    config = client.get_model_config("add_sub")
+    config["max_batch_size"] = 4
+    config["dynamic_batching"] = {"max_queue_delay_microseconds": 500}
+    client.load_model("add_sub", config=json.dumps(config))
+    served = client.get_model_config("add_sub")
+    assert served["max_batch_size"] == 4
+    assert served["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    big = np.ones((5, 4), np.float32)
+    inputs = [httpclient.InferInput(n, [5, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+    for i in inputs:
+        i.set_data_from_numpy(big)
+    with pytest.raises(InferenceServerException, match="<= 4"):
+        client.infer("add_sub", inputs)
+    client.unload_model("add_sub")
+    index = {row["name"]: row for row in client.get_model_repository_index()}
+    assert index["add_sub"]["state"] == "UNAVAILABLE"
+    with pytest.raises(InferenceServerException):
+        client.infer("add_sub", inputs)
+    client.load_model("add_sub")  # back from the repository's own config
+    assert client.get_model_config("add_sub")["max_batch_size"] == 8
+    client.close()
+
+
+def test_grpc_load_and_bad_override(explicit_worker):
+    client = grpcclient.InferenceServerClient(explicit_worker.grpc)
+    client.load_model("tiny_cnn")
+    assert client.is_model_ready("tiny_cnn")
+    with pytest.raises(InferenceServerException, match="max_batch_size"):
+        client.load_model("tiny_cnn", config='{"max_batch_size": "many"}')
+    assert client.is_model_ready("tiny_cnn")  # a failed reload keeps the old version serving
+    client.unload_model("tiny_cnn")
+    client.close()
+
+
+def test_none_mode_refuses_load_and_unload(examples_worker):
+    client = httpclient.InferenceServerClient(examples_worker.http)
+    with pytest.raises(InferenceServerException, match="model-control-mode is none"):
+        client.unload_model("add_sub")
+    assert client.is_model_ready("add_sub")
+    client.close()
+
+
+def test_bad_config_fails_startup_with_file_and_line(tmp_path):
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "config.pbtxt").write_text('name: "broken"\nmax_batch: 4\n')
+    with pytest.raises(RuntimeError) as info:
+        start_worker(tmp_path, timeout=60)
+    message = str(info.value)
+    assert "config.pbtxt, line 2" in message and "max_batch" in message
