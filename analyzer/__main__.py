@@ -1,3 +1,4 @@
 from analyzer.cli import app
 
-app(prog_name="model-analyzer")
+if __name__ == "__main__":
+    app(prog_name="model-analyzer")

@@ -46,20 +46,23 @@ SETTINGS = [
     Setting("b1_dynamic16", 1, 32, "dynamic_batching { max_queue_delay_microseconds: 2000 }"),
 ]
 
+# The offline limit runs in one long-lived process (warmed up once), pinned like the worker:
+# each stdin line "BATCH SECONDS" answers with samples/s measured over that many seconds.
 OFFLINE = """
 import sys, time, torch
 torch.set_num_threads(1)
 m = torch.jit.load(sys.argv[1]).eval()
-b, seconds = int(sys.argv[2]), float(sys.argv[3])
-x = torch.randn(b, 3, 32, 32)
 with torch.inference_mode():
-    for _ in range(20):
-        m(x)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        m(x)
-        n += 1
-    print(n * b / (time.perf_counter() - t0))
+    for line in sys.stdin:
+        b, seconds = int(line.split()[0]), float(line.split()[1])
+        x = torch.randn(b, 3, 32, 32)
+        for _ in range(20):
+            m(x)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            m(x)
+            n += 1
+        print(n * b / (time.perf_counter() - t0), flush=True)
 """
 
 
@@ -73,11 +76,20 @@ def make_repository(root: Path) -> None:
         (folder / "config.pbtxt").write_text(config + "\n" + s.config + "\n")
 
 
-def offline(batch: int, seconds: float) -> float:
-    model = str(EXAMPLES / "tiny_cnn" / "1" / "model.pt")
-    cmd = ["taskset", "-c", SERVER_CPU, sys.executable, "-c", OFFLINE, model, str(batch),
-           str(seconds)]  # fmt: skip
-    return float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+class Offline:
+    def __init__(self) -> None:
+        model = str(EXAMPLES / "tiny_cnn" / "1" / "model.pt")
+        cmd = ["taskset", "-c", SERVER_CPU, sys.executable, "-c", OFFLINE, model]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def measure(self, batch: int, seconds: float) -> float:
+        self.proc.stdin.write(f"{batch} {seconds}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
 
 
 def stats(address: str, model: str) -> tuple[int, int]:
@@ -91,7 +103,7 @@ def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[f
     before = stats(address, model)
     cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", address,
            "-i", "http", "-b", str(setting.client_batch),
-           "--concurrency-range", str(setting.concurrency), "-p", str(window_ms),
+           "--concurrency-range", str(setting.concurrency), "-p", str(window_ms), "-s", "50",
            "-f", str(out)]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
@@ -105,21 +117,23 @@ def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[f
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--window-ms", type=int, default=2000)
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--window-ms", type=int, default=1500)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="serving-eff-"))
     make_repository(tmp / "repo")
     worker = start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU)
+    offline = Offline()
     results = {}
     try:
         for s in SETTINGS:
             served(worker.http, s, 1000, tmp / "warm.csv")  # warm-up
+            offline.measure(s.client_batch, 2.0)
             ratios, detail = [], []
             for _ in range(args.pairs):
                 throughput, executed = served(worker.http, s, args.window_ms, tmp / "pa.csv")
                 batch = max(1, round(executed))
-                limit = offline(batch, 3.0)
+                limit = offline.measure(batch, args.window_ms / 1000 * 3)
                 ratios.append(throughput / limit)
                 detail.append((throughput, limit, executed))
             results[s.name] = (statistics.median(ratios), min(ratios), max(ratios), detail)
@@ -128,6 +142,7 @@ def main() -> int:
                   + "; ".join(f"served {t:.0f}/s at avg batch {e:.1f} vs offline {lim:.0f}/s"
                               for t, lim, e in detail), flush=True)  # fmt: skip
     finally:
+        offline.close()
         worker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     best = max(results, key=lambda k: results[k][0])

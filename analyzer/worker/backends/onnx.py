@@ -47,9 +47,7 @@ class OnnxBackend(Backend):
         user_set_inputs = bool(config.input)
         if not user_set_inputs and not config.max_batch_size and batchable:
             config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-            if not config.HasField("dynamic_batching") and not config.HasField(
-                "sequence_batching"
-            ):
+            if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
                 config.dynamic_batching.SetInParent()
         skip = 1 if config.max_batch_size > 0 else 0
         _fill(config.input, inputs, skip, source.name)

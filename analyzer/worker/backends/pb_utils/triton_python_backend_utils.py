@@ -1,0 +1,372 @@
+"""Triton's `triton_python_backend_utils` API, so python-backend models run unmodified.
+
+The worker's python stub puts this folder on sys.path; models `import triton_python_backend_utils
+as pb_utils` exactly as under Triton. Tensors are numpy arrays (CPU); BYTES tensors are numpy object
+arrays of bytes, as in Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from typing import Any
+
+import numpy as np
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+
+_TRITON_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+# Triton's numeric TRITONSERVER_DataType codes, returned by Tensor.triton_dtype().
+_WIRE_CODES = {
+    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
+    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
+}  # fmt: skip
+
+
+def triton_string_to_numpy(triton_type_string: str):
+    return _TRITON_TO_NUMPY[triton_type_string]
+
+
+def numpy_to_triton_string(dtype) -> str:
+    dtype = np.dtype(dtype)
+    if dtype.kind in ("O", "S", "U"):
+        return "TYPE_STRING"
+    for name, np_type in _TRITON_TO_NUMPY.items():
+        if np.dtype(np_type) == dtype:
+            return name
+    raise ValueError(f"numpy dtype {dtype} has no Triton type")
+
+
+def _wire_of(dtype) -> str:
+    return numpy_to_triton_string(dtype).removeprefix("TYPE_").replace("STRING", "BYTES")
+
+
+def triton_to_numpy_type(data_type: int):
+    for wire, code in _WIRE_CODES.items():
+        if code == data_type:
+            name = "TYPE_STRING" if wire == "BYTES" else f"TYPE_{wire}"
+            return _TRITON_TO_NUMPY.get(name)
+    return None
+
+
+def numpy_to_triton_type(data_type) -> int | None:
+    try:
+        return _WIRE_CODES[_wire_of(data_type)]
+    except ValueError:
+        return None
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
+    """Triton's length-prefixed layout, returned as a 1-D uint8 array (like Triton's helper)."""
+    if input_tensor.size == 0:
+        return None
+    parts = []
+    for item in input_tensor.ravel(order="C"):
+        data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        parts.append(struct.pack("<I", len(data)) + data)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor) -> np.ndarray:
+    data = bytes(encoded_tensor)
+    items, offset = [], 0
+    while offset < len(data):
+        (length,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        items.append(data[offset : offset + length])
+        offset += length
+    out = np.empty(len(items), dtype=np.object_)
+    out[:] = items
+    return out
+
+
+class TritonError(Exception):
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL):
+        super().__init__(message)
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class TritonModelException(Exception):
+    """Raised by the API on misuse; a model may raise it too."""
+
+
+class Tensor:
+    def __init__(self, name: str, data):
+        if not isinstance(data, np.ndarray):
+            data = np.asarray(data)
+        if data.dtype.kind in ("U", "S"):
+            data = data.astype(np.object_)
+        self._name = name
+        self._array = data
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        return _WIRE_CODES[_wire_of(self._array.dtype)]
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self):
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor) -> Tensor:
+        if hasattr(dlpack_tensor, "__dlpack__"):
+            return Tensor(name, np.from_dlpack(dlpack_tensor))
+        import torch.utils.dlpack
+
+        return Tensor(name, torch.utils.dlpack.from_dlpack(dlpack_tensor).cpu().numpy())
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
+        self._outputs = list(output_tensors or [])
+        self._error = error
+        self._parameters = parameters or {}
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+class InferenceResponseSender:
+    """Collects what a model sends through get_response_sender() for the stub to return."""
+
+    def __init__(self) -> None:
+        self.responses: list[InferenceResponse] = []
+        self.closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self.closed:
+            raise TritonModelException("response sender is already closed")
+        if response is not None:
+            self.responses.append(response)
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.closed = True
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class InferenceRequest:
+    """A request handed to execute(); constructed by a model it is a BLS request."""
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs=None,
+        requested_output_names=None,
+        model_name: str = "",
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        parameters=None,
+        **_ignored,
+    ):
+        self._id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs or [])
+        self._requested = list(requested_output_names or [])
+        self._model_name = model_name
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = (
+            parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        )
+        self._sender: InferenceResponseSender | None = None
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            self._sender = InferenceResponseSender()
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def exec(self, decoupled: bool = False):
+        raise TritonModelException("BLS requests are not supported by this worker yet")
+
+    async def async_exec(self, decoupled: bool = False):
+        raise TritonModelException("BLS requests are not supported by this worker yet")
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def _config_of(model_config) -> dict:
+    return json.loads(model_config) if isinstance(model_config, str) else model_config
+
+
+def get_input_config_by_name(model_config, name: str) -> dict | None:
+    for item in _config_of(model_config).get("input", []):
+        if item.get("name") == name:
+            return item
+    return None
+
+
+def get_output_config_by_name(model_config, name: str) -> dict | None:
+    for item in _config_of(model_config).get("output", []):
+        if item.get("name") == name:
+            return item
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config) -> bool:
+    policy = _config_of(model_config).get("model_transaction_policy", {})
+    return bool(policy.get("decoupled", False))
+
+
+class Logger:
+    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        label = {0: "I", 1: "W", 2: "E", 3: "V"}.get(level, "I")
+        print(f"{label} [python model] {message}", file=sys.stderr, flush=True)
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls.log(message, cls.INFO)
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls.log(message, cls.WARNING)
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls.log(message, cls.ERROR)
+
+    @classmethod
+    def log_verbose(cls, message: str) -> None:
+        cls.log(message, cls.VERBOSE)
+
+
+class LogLevel:
+    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
+
+
+class ModelConfig:
+    """What auto_complete_config receives: Triton's JSON config with Triton's setters."""
+
+    def __init__(self, config: dict):
+        self._config = config
+
+    def as_dict(self) -> dict:
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = self._config.get("max_batch_size", 0)
+        if current and current != max_batch_size:
+            raise ValueError(
+                f"auto_complete_config sets max_batch_size {max_batch_size} but the config "
+                f"has {current}"
+            )
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
+        self._config.setdefault("model_transaction_policy", {}).update(transaction_policy_dict)
+
+    def add_input(self, input: dict) -> None:  # noqa: A002 - Triton's name
+        self._add("input", input)
+
+    def add_output(self, output: dict) -> None:
+        self._add("output", output)
+
+    def add_instance_group(self, group: dict) -> None:
+        self._config.setdefault("instance_group", []).append(dict(group))
+
+    def _add(self, kind: str, item: dict) -> None:
+        if "name" not in item:
+            raise ValueError(f"auto_complete_config: {kind} {item} has no 'name'")
+        for existing in self._config.setdefault(kind, []):
+            if existing.get("name") == item["name"]:
+                for key in ("data_type", "dims"):
+                    if key in item and existing.get(key) and existing[key] != item[key]:
+                        raise ValueError(
+                            f"auto_complete_config: {kind} '{item['name']}' has {key} "
+                            f"{existing[key]} in config.pbtxt but {item[key]} in the model"
+                        )
+                return
+        self._config[kind].append(dict(item))
