@@ -1,0 +1,323 @@
+"""Triton's `inference.GRPCInferenceService` over grpc.aio, on its own event loop and thread.
+
+The main loop is uvloop (HTTP); grpc.aio keeps a standard asyncio loop on a daemon thread. Both
+protocols share the ModelManager, so validation, scheduling, statistics and errors are the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from analyzer import __version__
+from analyzer.datatypes import (
+    numpy_to_wire,
+    tensor_from_bytes,
+    tensor_to_bytes,
+    wire_to_numpy,
+)
+from analyzer.worker.errors import InferError, Status
+from analyzer.worker.http import server_metadata
+from analyzer.worker.manager import ModelManager
+from analyzer.worker.request import InferRequest
+
+_UNLIMITED = 2**31 - 1
+# InferTensorContents field holding each datatype's values when raw contents are not used.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}  # fmt: skip
+
+
+def _param_value(param: pb.InferParameter) -> Any:
+    kind = param.WhichOneof("parameter_choice")
+    return getattr(param, kind) if kind else None
+
+
+class GrpcServer:
+    """Start/stop wrapper: `start()` returns the bound port once the server is serving."""
+
+    def __init__(self, manager: ModelManager, api, host: str, port: int):
+        self.manager = manager
+        self.api = api
+        self.host = host
+        self.port = port
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="grpc", daemon=True)
+        self.server: grpc.aio.Server | None = None
+
+    def start(self) -> int:
+        self.thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+        return future.result(timeout=30)
+
+    async def _start(self) -> int:
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", _UNLIMITED),
+                ("grpc.max_receive_message_length", _UNLIMITED),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=None,
+        )
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceService(self.manager, self.api), self.server
+        )
+        try:
+            port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        except RuntimeError as err:
+            raise OSError(f"gRPC port {self.port} cannot be bound: {err}") from None
+        if port == 0:
+            raise OSError(f"gRPC port {self.port} on {self.host} cannot be bound")
+        await self.server.start()
+        return port
+
+    def stop(self) -> None:
+        if self.server is not None and self.thread.is_alive():
+            done = asyncio.run_coroutine_threadsafe(self.server.stop(1.0), self.loop)
+            done.result(timeout=10)
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, manager: ModelManager, api):
+        self.manager = manager
+        self.api = api
+        meta = server_metadata(__version__)
+        self.metadata = pb.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+        )
+
+    # -- health and metadata ------------------------------------------------------------------
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.api.live)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.api.ready)
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.manager.is_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):
+        return self.metadata
+
+    async def ModelMetadata(self, request, context):
+        model = await self._get(request.name, request.version, context)
+        meta = model.metadata(self.manager.versions(request.name))
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
+        )
+
+    async def ModelConfig(self, request, context):
+        model = await self._get(request.name, request.version, context)
+        return pb.ModelConfigResponse(config=model.config)
+
+    async def ModelStatistics(self, request, context):
+        if request.name:
+            if request.version:
+                models = [await self._get(request.name, request.version, context)]
+            else:
+                await self._get(request.name, "", context)
+                models = [self.manager.get(request.name, str(v))
+                          for v in self.manager.versions(request.name)]  # fmt: skip
+        else:
+            models = self.manager.loaded()
+        response = pb.ModelStatisticsResponse()
+        json_format.ParseDict(
+            {"model_stats": [m.stats.as_dict() for m in models]}, response,
+            ignore_unknown_fields=True,
+        )  # fmt: skip
+        return response
+
+    async def _get(self, name: str, version: str, context):
+        try:
+            return self.manager.get(name, version)
+        except InferError as err:
+            await context.abort(err.status.grpc, err.message)
+
+    # -- repository -----------------------------------------------------------------------------
+    async def RepositoryIndex(self, request, context):
+        rows = self.manager.index(request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
+        )
+
+    async def RepositoryModelLoad(self, request, context):
+        params = {k: _param_value(v) for k, v in request.parameters.items()}
+        config = params.get("config")
+        files = {k: v for k, v in params.items() if k.startswith("file:")}
+        await self._repository_job(
+            lambda: self.manager.load(request.model_name, config, files or None), context
+        )
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        await self._repository_job(lambda: self.manager.unload(request.model_name), context)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def _repository_job(self, job, context) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, job)
+        except InferError as err:
+            await context.abort(err.status.grpc, err.message)
+        except Exception as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    # -- inference ------------------------------------------------------------------------------
+    async def ModelInfer(self, request, context):
+        try:
+            return await self._infer(request)
+        except InferError as err:
+            await context.abort(err.status.grpc, err.message)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        queue: asyncio.Queue = asyncio.Queue()
+        pending = 0
+        reading = True
+
+        async def answer(request) -> None:
+            try:
+                response = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+                final = request.parameters.get("triton_enable_empty_final_response")
+                if final is not None and final.bool_param:
+                    response.infer_response.parameters["triton_final_response"].bool_param = True
+            except InferError as err:
+                response = pb.ModelStreamInferResponse(
+                    error_message=err.message,
+                    infer_response=pb.ModelInferResponse(
+                        id=request.id, model_name=request.model_name
+                    ),
+                )
+            await queue.put(response)
+
+        async def read() -> None:
+            nonlocal pending, reading
+            async for request in request_iterator:
+                pending += 1
+                asyncio.ensure_future(answer(request))
+            reading = False
+            await queue.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while reading or pending:
+                item = await queue.get()
+                if item is None:
+                    continue
+                pending -= 1
+                yield item
+        finally:
+            reader.cancel()
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        arrival = time.perf_counter_ns()
+        model = self.manager.get(request.model_name, request.model_version)
+        inputs, wire_types = _decode_inputs(request)
+        params = {k: _param_value(v) for k, v in request.parameters.items()}
+        requested = [o.name for o in request.outputs] or None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def settle(outputs, error) -> None:
+            if not future.done():
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(outputs)
+
+        def on_done(outputs, error) -> None:
+            loop.call_soon_threadsafe(settle, outputs, error)
+
+        model.submit(
+            InferRequest(
+                model_name=request.model_name,
+                inputs=inputs,
+                wire_types=wire_types,
+                requested_outputs=requested,
+                on_done=on_done,
+                id=request.id,
+                parameters=params,
+                arrival_ns=arrival,
+                priority=int(params.get("priority", 0) or 0),
+                timeout_us=int(params.get("timeout", 0) or 0),
+                correlation_id=params.get("sequence_id", 0),
+            )
+        )
+        try:
+            outputs = await future
+        except InferError:
+            raise
+        except Exception as err:
+            raise InferError(str(err), Status.INTERNAL) from None
+        return _encode_outputs(model, request.id, outputs, requested)
+
+
+def _decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
+    if not request.inputs:
+        raise InferError("inference request has no inputs")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InferError(f"{len(raw)} raw input contents for {len(request.inputs)} inputs")
+    inputs: dict[str, np.ndarray] = {}
+    wire_types: dict[str, str] = {}
+    for i, tensor in enumerate(request.inputs):
+        name, wire, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
+        if name in inputs:
+            raise InferError(f"input '{name}' is given twice")
+        try:
+            dtype = wire_to_numpy(wire)
+            if raw:
+                array = tensor_from_bytes(memoryview(raw[i]), wire, shape)
+            else:
+                array = _from_contents(tensor, wire, dtype, shape)
+        except ValueError as err:
+            raise InferError(f"input '{name}': {err}") from None
+        inputs[name] = array
+        wire_types[name] = wire
+    return inputs, wire_types
+
+
+def _from_contents(tensor, wire: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(wire)
+    if field is None:
+        raise ValueError(f"datatype {wire} must be sent in raw_input_contents")
+    values = list(getattr(tensor.contents, field))
+    count = int(np.prod(shape)) if shape else 1
+    if len(values) != count:
+        raise ValueError(f"shape {list(shape)} needs {count} values, contents have {len(values)}")
+    if wire == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        out[:] = values
+        return out.reshape(shape)
+    return np.asarray(values, dtype=dtype).reshape(shape)
+
+
+def _encode_outputs(model, request_id: str, outputs: dict, requested) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(
+        model_name=model.name, model_version=str(model.version), id=request_id
+    )
+    for name in requested or list(outputs):
+        if name not in outputs:
+            raise InferError(f"model '{model.name}' did not produce output '{name}'",
+                             Status.INTERNAL)  # fmt: skip
+        array = outputs[name]
+        wire = numpy_to_wire(array.dtype)
+        response.outputs.add(name=name, datatype=wire, shape=list(array.shape))
+        response.raw_output_contents.append(bytes(tensor_to_bytes(array, wire)))
+    return response
