@@ -108,13 +108,16 @@ def test_timeout_rejects_expired_requests():
     errors = []
     s = scheduler(
         "dynamic_batching { max_queue_delay_microseconds: 100000 "
-        "default_queue_policy { default_timeout_microseconds: 1000 } }"
+        "default_queue_policy { allow_timeout_override: true } }"
     )
-    s.enqueue(request(done=lambda o, e: errors.append(e)))
+    expiring = request(done=lambda o, e: errors.append(e))
+    expiring.timeout_us = 1000  # the request's own timeout; the default is none
+    s.enqueue(expiring)
     time.sleep(0.01)
-    s.enqueue(request())
-    batch = s.next_batch()
-    assert len(batch) == 1 and len(errors) == 1 and "timeout" in str(errors[0])
+    kept = request()
+    s.enqueue(kept)
+    assert s.next_batch() == [kept]
+    assert len(errors) == 1 and "timeout" in str(errors[0])
 
 
 def test_close_releases_waiting_instances_and_returns_leftovers():

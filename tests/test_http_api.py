@@ -183,4 +183,4 @@ def test_metrics_use_triton_names(client, examples_worker):
         "nv_inference_request_failure",
     ):
         assert f"{name}{{" in text
-    assert "_total" not in text and "e+" not in text
+    assert "_total{" not in text and "_created" not in text and "e+" not in text
