@@ -42,14 +42,15 @@ class Setting:
 
 SETTINGS = [
     Setting("b8_direct", 8, 2, ""),
-    Setting("b16_direct", 16, 2, ""),
-    Setting("b1_dynamic16", 1, 32, "dynamic_batching { max_queue_delay_microseconds: 2000 }"),
+    Setting("b1_dynamic8", 1, 16, "dynamic_batching { max_queue_delay_microseconds: 2000 }"),
 ]
 
 # The offline limit runs in one long-lived process (warmed up once), pinned like the worker:
 # each stdin line "BATCH SECONDS" answers with samples/s measured over that many seconds.
 OFFLINE = """
 import sys, time, torch
+from analyzer.worker.memory import tune_malloc
+tune_malloc()  # the same allocator settings as the worker: offline gets its best case too
 torch.set_num_threads(1)
 m = torch.jit.load(sys.argv[1]).eval()
 with torch.inference_mode():
@@ -80,7 +81,9 @@ class Offline:
     def __init__(self) -> None:
         model = str(EXAMPLES / "tiny_cnn" / "1" / "model.pt")
         cmd = ["taskset", "-c", SERVER_CPU, sys.executable, "-c", OFFLINE, model]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+        )
 
     def measure(self, batch: int, seconds: float) -> float:
         self.proc.stdin.write(f"{batch} {seconds}\n")
@@ -92,13 +95,15 @@ class Offline:
         self.proc.wait(10)
 
 
-def stats(address: str, model: str) -> tuple[int, int]:
+def stats(address: str, model: str) -> tuple[int, int, int]:
     with urllib.request.urlopen(f"http://{address}/v2/models/{model}/stats") as r:
         s = json.load(r)["model_stats"][0]
-    return s["inference_count"], s["execution_count"]
+    infer_ns = s["inference_stats"]["compute_infer"]["ns"]
+    return s["inference_count"], s["execution_count"], infer_ns
 
 
-def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[float, float]:
+def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[float, float, float]:
+    """perf_analyzer's throughput, the average executed batch, and the instance busy fraction."""
     model = f"tiny_cnn_{setting.name}"
     before = stats(address, model)
     cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", address,
@@ -111,13 +116,21 @@ def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[f
     with out.open() as f:
         row = next(csv.DictReader(f))
     after = stats(address, model)
-    executed = (after[0] - before[0]) / max(after[1] - before[1], 1)
-    return float(row["Inferences/Second"]), executed
+    executions = max(after[1] - before[1], 1)
+    executed = (after[0] - before[0]) / executions
+    throughput = float(row["Inferences/Second"])
+    # compute_infer is charged to every request of a batch: per execution it is ns / requests.
+    requests = (
+        executions if setting.client_batch == 1 else (after[0] - before[0]) / setting.client_batch
+    )
+    infer_ns_per_exec = (after[2] - before[2]) / max(requests, 1)
+    busy = throughput * infer_ns_per_exec / 1e9 / executed
+    return throughput, executed, busy
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--window-ms", type=int, default=1500)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="serving-eff-"))
@@ -127,20 +140,26 @@ def main() -> int:
     results = {}
     try:
         for s in SETTINGS:
-            served(worker.http, s, 1000, tmp / "warm.csv")  # warm-up
-            offline.measure(s.client_batch, 2.0)
-            ratios, detail = [], []
-            for _ in range(args.pairs):
-                throughput, executed = served(worker.http, s, args.window_ms, tmp / "pa.csv")
-                batch = max(1, round(executed))
-                limit = offline.measure(batch, args.window_ms / 1000 * 3)
+            _, warm_batch, _ = served(worker.http, s, 1000, tmp / "warm.csv")  # warm-up
+            batch = max(1, round(warm_batch))  # offline runs the batch the worker executes
+            offline.measure(batch, 2.0)
+            ratios, busy, detail = [], [], []
+            for i in range(args.pairs):
+                # A B, then B A: drift of the machine's speed cancels out in the median
+                if i % 2:
+                    limit = offline.measure(batch, args.window_ms / 1000 * 3)
+                    throughput, executed, b = served(worker.http, s, args.window_ms, tmp / "p.csv")
+                else:
+                    throughput, executed, b = served(worker.http, s, args.window_ms, tmp / "p.csv")
+                    limit = offline.measure(batch, args.window_ms / 1000 * 3)
                 ratios.append(throughput / limit)
-                detail.append((throughput, limit, executed))
-            results[s.name] = (statistics.median(ratios), min(ratios), max(ratios), detail)
-            print(f"{s.name:>14}: ratio median {results[s.name][0]:.3f} "
-                  f"(min {min(ratios):.3f}, max {max(ratios):.3f}); "
-                  + "; ".join(f"served {t:.0f}/s at avg batch {e:.1f} vs offline {lim:.0f}/s"
-                              for t, lim, e in detail), flush=True)  # fmt: skip
+                busy.append(b)
+                detail.append(f"{throughput:.0f}/{limit:.0f} (batch {executed:.1f})")
+            results[s.name] = (statistics.median(ratios), min(ratios), max(ratios))
+            print(f"{s.name:>12}: served/offline median {results[s.name][0]:.3f} "
+                  f"(min {min(ratios):.3f}, max {max(ratios):.3f}); instance busy fraction "
+                  f"median {statistics.median(busy):.3f}; pairs served/offline: "
+                  + ", ".join(detail), flush=True)  # fmt: skip
     finally:
         offline.close()
         worker.stop()

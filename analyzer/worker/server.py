@@ -20,6 +20,7 @@ from analyzer.repository.repository import RepositoryError
 from analyzer.worker.http import RestApi
 from analyzer.worker.http_server import HttpRequest, HttpResponse, Respond, start_http_server
 from analyzer.worker.manager import ModelManager
+from analyzer.worker.memory import tune_malloc
 from analyzer.worker.metrics import render_metrics
 
 log = logging.getLogger(__name__)
@@ -133,4 +134,5 @@ async def _serve(options: ServeOptions) -> int:
 
 def serve(options: ServeOptions) -> int:
     """Run the worker until SIGINT/SIGTERM; returns the process exit code."""
+    tune_malloc()
     return uvloop.run(_serve(options))

@@ -1,0 +1,200 @@
+"""Python-backend models written for Triton, served by a real worker process."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from serving import start_worker
+from tritonclient.utils import InferenceServerException
+
+MODELS = {
+    "strings": (
+        """
+name: "strings"
+backend: "python"
+max_batch_size: 4
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "REVERSED" data_type: TYPE_STRING dims: [ 1 ] } ]
+""",
+        """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            rev = np.array([[t[0][::-1]] for t in text], dtype=np.object_)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("REVERSED", rev)]))
+        return out
+""",
+    ),
+    "flaky": (
+        """
+name: "flaky"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+""",
+        """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if x[0] < 0:
+                raise ValueError("negative input is not allowed")
+            if x[0] == 0:
+                out.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("zero is rejected by the model")))
+                continue
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)]))
+        return out
+""",
+    ),
+    "auto": (
+        'name: "auto"\nbackend: "python"\n',
+        """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [2]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [2]})
+        config.set_max_batch_size(4)
+        config.set_dynamic_batching()
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 10)]) for r in requests]
+""",
+    ),
+    "lifecycle": (
+        """
+name: "lifecycle"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "ARGS" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+parameters { key: "marker" value: { string_value: "MARKER" } }
+""",
+        """
+import json, os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+        config = json.loads(args["model_config"])
+        self.marker = config["parameters"]["marker"]["string_value"]
+
+    def execute(self, requests):
+        time.sleep(0.05)
+        return [pb_utils.InferenceResponse([
+            pb_utils.Tensor("ARGS", np.array([json.dumps(self.args).encode()], dtype=np.object_)),
+            pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64)),
+        ]) for _ in requests]
+
+    def finalize(self):
+        with open(self.marker, "a") as f:
+            f.write(self.args["model_instance_name"] + "\\n")
+""",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("pyrepo")
+    marker = repo / "finalized.txt"
+    for name, (config, code) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config.replace("MARKER", str(marker)))
+        (repo / name / "1" / "model.py").write_text(code)
+    served = start_worker(repo)
+    served.marker = marker
+    yield served
+    served.stop()
+
+
+def test_bytes_tensors_over_http_and_grpc(worker):
+    text = np.array([[b"hello"], [b"triton"]], dtype=np.object_)
+    for module, address in ((httpclient, worker.http), (grpcclient, worker.grpc)):
+        client = module.InferenceServerClient(address)
+        inp = module.InferInput("TEXT", [2, 1], "BYTES")
+        inp.set_data_from_numpy(text)
+        out = client.infer("strings", [inp]).as_numpy("REVERSED")
+        assert out.tolist() == [[b"olleh"], [b"notirt"]]
+        client.close()
+
+
+def _flaky(client, value: int):
+    inp = httpclient.InferInput("X", [1], "INT32")
+    inp.set_data_from_numpy(np.array([value], np.int32))
+    return client.infer("flaky", [inp])
+
+
+def test_model_errors_reach_the_client_and_the_worker_keeps_serving(worker):
+    client = httpclient.InferenceServerClient(worker.http)
+    with pytest.raises(InferenceServerException, match="negative input is not allowed"):
+        _flaky(client, -1)
+    with pytest.raises(InferenceServerException, match="zero is rejected by the model"):
+        _flaky(client, 0)
+    assert _flaky(client, 21).as_numpy("Y").tolist() == [42]
+    stats = client.get_inference_statistics("flaky")["model_stats"][0]["inference_stats"]
+    assert stats["fail"]["count"] == 2 and stats["success"]["count"] == 1
+    client.close()
+
+
+def test_auto_complete_config_fills_the_config(worker):
+    client = httpclient.InferenceServerClient(worker.http)
+    config = client.get_model_config("auto")
+    assert config["max_batch_size"] == 4 and "dynamic_batching" in config
+    assert [i["name"] for i in config["input"]] == ["IN"]
+    inp = httpclient.InferInput("IN", [3, 2], "FP32")
+    inp.set_data_from_numpy(np.ones((3, 2), np.float32))
+    assert client.infer("auto", [inp]).as_numpy("OUT").tolist() == [[10, 10]] * 3
+    client.close()
+
+
+def test_initialize_gets_tritons_args_and_instances_are_processes(worker):
+    client = httpclient.InferenceServerClient(worker.http, concurrency=4)
+    inp = httpclient.InferInput("X", [1], "INT32")
+    inp.set_data_from_numpy(np.array([1], np.int32))
+    results = [client.async_infer("lifecycle", [inp]) for _ in range(4)]
+    results = [r.get_result() for r in results]
+    args = json.loads(results[0].as_numpy("ARGS")[0])
+    assert set(args) == {
+        "model_config", "model_instance_kind", "model_instance_name",
+        "model_instance_device_id", "model_repository", "model_version", "model_name",
+    }  # fmt: skip
+    assert all(isinstance(v, str) for v in args.values())
+    assert args["model_instance_kind"] == "CPU" and args["model_version"] == "1"
+    assert args["model_repository"].endswith("lifecycle")
+    assert json.loads(args["model_config"])["name"] == "lifecycle"
+    assert len({int(r.as_numpy("PID")[0]) for r in results}) == 2
+    client.close()
+
+
+def test_sigint_finalizes_every_instance(worker):
+    worker.process.send_signal(signal.SIGINT)
+    assert worker.process.wait(60) == 0
+    names = sorted(worker.marker.read_text().split())
+    assert names == ["lifecycle_0_0", "lifecycle_0_1"]
