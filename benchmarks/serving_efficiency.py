@@ -120,9 +120,7 @@ def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[f
     executed = (after[0] - before[0]) / executions
     throughput = float(row["Inferences/Second"])
     # compute_infer is charged to every request of a batch: per execution it is ns / requests.
-    requests = (
-        executions if setting.client_batch == 1 else (after[0] - before[0]) / setting.client_batch
-    )
+    requests = (after[0] - before[0]) / setting.client_batch
     infer_ns_per_exec = (after[2] - before[2]) / max(requests, 1)
     busy = throughput * infer_ns_per_exec / 1e9 / executed
     return throughput, executed, busy
