@@ -42,6 +42,8 @@ class Setting:
 
 SETTINGS = [
     Setting("b8_direct", 8, 2, ""),
+    Setting("b16_direct", 16, 2, ""),
+    Setting("b32_direct", 32, 2, ""),
     Setting("b1_dynamic8", 1, 16, "dynamic_batching { max_queue_delay_microseconds: 2000 }"),
 ]
 

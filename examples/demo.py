@@ -58,7 +58,7 @@ def main() -> int:
     console.print(f"[bold]Serving[/] {EXAMPLES}")
     served = start_worker(EXAMPLES)
     try:
-        console.print(served.output[-1].strip())
+        console.print(served.output[-1].strip(), markup=False)
         http = httpclient.InferenceServerClient(served.http)
         grpc = grpcclient.InferenceServerClient(served.grpc)
         console.print("add_sub over HTTP:", add_sub(httpclient, http).tolist())

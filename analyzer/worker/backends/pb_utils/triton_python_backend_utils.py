@@ -276,18 +276,19 @@ def _config_of(model_config) -> dict:
     return json.loads(model_config) if isinstance(model_config, str) else model_config
 
 
-def get_input_config_by_name(model_config, name: str) -> dict | None:
-    for item in _config_of(model_config).get("input", []):
+def _tensor_config(model_config, kind: str, name: str) -> dict | None:
+    for item in _config_of(model_config).get(kind, []):
         if item.get("name") == name:
             return item
     return None
+
+
+def get_input_config_by_name(model_config, name: str) -> dict | None:
+    return _tensor_config(model_config, "input", name)
 
 
 def get_output_config_by_name(model_config, name: str) -> dict | None:
-    for item in _config_of(model_config).get("output", []):
-        if item.get("name") == name:
-            return item
-    return None
+    return _tensor_config(model_config, "output", name)
 
 
 def using_decoupled_model_transaction_policy(model_config) -> bool:
