@@ -100,3 +100,20 @@ def test_backend_is_filled_from_platform(tmp_path):
     source = read_model(tmp_path, "m")
     assert source.backend == "pytorch" and source.config.backend == "pytorch"
     assert source.model_file(1).name == "model.pt"
+
+
+def test_unsupported_scheduling_is_refused_not_ignored(tmp_path):
+    import shutil
+
+    from serving import EXAMPLES
+
+    from analyzer.worker.manager import ModelManager
+
+    shutil.copytree(EXAMPLES / "tiny_cnn", tmp_path / "tiny_cnn")
+    config = tmp_path / "tiny_cnn" / "config.pbtxt"
+    config.write_text(config.read_text() + "\nsequence_batching {}\n")
+    errors = ModelManager(tmp_path).startup([])
+    assert errors == [
+        "failed to load 'tiny_cnn': model 'tiny_cnn': sequence_batching is not supported "
+        "by this worker"
+    ]

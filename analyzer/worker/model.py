@@ -46,6 +46,9 @@ class ModelVersion:
 
     def load(self) -> None:
         """Create every instance; on failure, finalize what was created and re-raise."""
+        for field in ("sequence_batching", "ensemble_scheduling"):
+            if self.config.HasField(field):  # refuse rather than serve with wrong semantics
+                raise ValueError(f"model '{self.name}': {field} is not supported by this worker")
         specs = instance_specs(self.config, self.backend.name)
         try:
             for spec in specs:
