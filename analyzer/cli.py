@@ -82,3 +82,87 @@ def serve(
         exit_on_error=_as_bool("--exit-on-error", exit_on_error),
     )
     raise typer.Exit(run_worker(options))
+
+
+class Protocol(StrEnum):
+    http = "http"
+    grpc = "grpc"
+
+
+class Distribution(StrEnum):
+    constant = "constant"
+    poisson = "poisson"
+
+
+class MeasurementMode(StrEnum):
+    adaptive = "adaptive"
+    time_windows = "time_windows"
+    count_windows = "count_windows"
+
+
+@app.command(no_args_is_help=True)
+def perf(
+    model: Annotated[str, typer.Option("-m", "--model-name", help="Model to load.")],
+    url: Annotated[str, typer.Option("-u", "--url", help="Server HOST:PORT.")] = "",
+    protocol: Annotated[Protocol, typer.Option("-i", "--protocol")] = Protocol.http,
+    model_version: Annotated[str, typer.Option("-x", "--model-version")] = "",
+    concurrency_range: Annotated[
+        str | None, typer.Option(help="start[:end[:step]] outstanding requests (default 1).")
+    ] = None,
+    request_rate_range: Annotated[
+        str | None, typer.Option(help="start[:end[:step]] requests per second.")
+    ] = None,
+    request_distribution: Annotated[Distribution, typer.Option()] = Distribution.constant,
+    batch_size: Annotated[int, typer.Option("-b", "--batch-size", help="Samples per request.")] = 1,
+    measurement_interval: Annotated[
+        int, typer.Option("-p", "--measurement-interval", help="Window length, ms.")
+    ] = 5000,
+    stability_percentage: Annotated[
+        float, typer.Option("-s", "--stability-percentage", help="Allowed spread, %.")
+    ] = 10.0,
+    max_trials: Annotated[
+        int, typer.Option("-r", "--max-trials", help="Windows before giving up on stability.")
+    ] = 10,
+    measurement_mode: Annotated[
+        MeasurementMode,
+        typer.Option(help="adaptive: stop once the 95% CI fits the band (ours, default)."),
+    ] = MeasurementMode.adaptive,
+    measurement_request_count: Annotated[
+        int, typer.Option(help="Requests per window in count_windows mode.")
+    ] = 50,
+    percentile: Annotated[
+        int | None, typer.Option(help="Stabilise and report on this latency percentile.")
+    ] = None,
+    latency_threshold: Annotated[
+        float, typer.Option("-l", "--latency-threshold", help="Stop the sweep above this, ms.")
+    ] = 0.0,
+    input_data: Annotated[
+        str, typer.Option(help="random, zero, or a JSON file in perf_analyzer's format.")
+    ] = "random",
+    shape: Annotated[
+        list[str] | None, typer.Option(help="NAME:d1,d2 for inputs with dynamic dims.")
+    ] = None,
+    string_length: Annotated[int, typer.Option(help="Length of random BYTES elements.")] = 128,
+    latency_report_file: Annotated[
+        Path | None, typer.Option("-f", "--latency-report-file", help="CSV output.")
+    ] = None,
+    verbose_csv: Annotated[bool, typer.Option("--verbose-csv", help="More CSV columns.")] = False,
+    client_processes: Annotated[
+        int, typer.Option(help="Load-generator processes (0: one, more when it saturates).")
+    ] = 0,
+    warmup_ms: Annotated[int, typer.Option(help="Adaptive mode warm-up, ms.")] = 250,
+    min_window_ms: Annotated[int, typer.Option(help="Adaptive mode shortest window, ms.")] = 1000,
+    server_pid: Annotated[
+        int | None, typer.Option(help="Sample this server process tree's CPU and memory.")
+    ] = None,
+    gpus: Annotated[
+        list[str] | None, typer.Option(help="GPU index or UUID to sample (default: all).")
+    ] = None,
+    monitor_interval_ms: Annotated[int, typer.Option(help="Sampler interval, ms.")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed for random data and poisson schedules.")] = 0,
+) -> None:
+    """Measure throughput and latency of a model on a running server (perf_analyzer's flags)."""
+    flags = dict(locals())
+    from analyzer.loadgen.main import perf_command
+
+    raise typer.Exit(perf_command(**flags))

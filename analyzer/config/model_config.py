@@ -80,12 +80,17 @@ def model_config_from_json(data: str | dict[str, Any], source: str = "config JSO
 
 def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
     """Triton's HTTP JSON: proto field names, defaults printed, enums as names, int64 as numbers."""
+    return proto_to_dict(config)
+
+
+def proto_to_dict(message: Any) -> dict[str, Any]:
+    """Any protobuf message as Triton's HTTP API writes it (64-bit integers as JSON numbers)."""
     data = json_format.MessageToDict(
-        config,
+        message,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
-    _int64_as_numbers(config.DESCRIPTOR, data)
+    _int64_as_numbers(message.DESCRIPTOR, data)
     return data
 
 

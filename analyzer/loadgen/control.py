@@ -1,0 +1,167 @@
+"""Control-plane calls to a KServe v2 server: metadata, config and statistics.
+
+Two transports behind one interface, both returning the HTTP API's JSON shapes, so the rest of the
+load generator never cares which protocol it drives. These calls are few (before and after each
+measurement), so plain blocking clients are right here; the hot path lives in the shards.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class ServerError(RuntimeError):
+    """The server could not be reached or refused a control call; the message says which."""
+
+
+def split_url(url: str, default_port: int) -> tuple[str, int]:
+    """'host:port' or 'http://host:port' -> (host, port)."""
+    rest = url.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        return rest, default_port
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise ServerError(f"-u {url}: the port '{port}' is not a number") from None
+
+
+class ControlClient(ABC):
+    """Blocking metadata/config/statistics calls; all answers use the HTTP API's JSON shapes."""
+
+    def __init__(self, url: str, model: str, version: str = ""):
+        self.url, self.model, self.version = url, model, version
+
+    @abstractmethod
+    def server_metadata(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def model_metadata(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def model_config(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def model_stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None:  # noqa: B027 - most transports hold nothing to release
+        """Release connections."""
+
+
+class HttpControl(ControlClient):
+    def __init__(self, url: str, model: str, version: str = "", timeout: float = 30.0):
+        super().__init__(url, model, version)
+        self.host, self.port = split_url(url, 8000)
+        self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def _model_path(self) -> str:
+        base = f"/v2/models/{self.model}"
+        return f"{base}/versions/{self.version}" if self.version else base
+
+    def _get(self, path: str) -> dict[str, Any]:
+        for attempt in (0, 1):
+            try:
+                self._conn.request("GET", path)
+                response = self._conn.getresponse()
+                body = response.read()
+                break
+            except (http.client.HTTPException, ConnectionError) as exc:
+                self._conn.close()  # a dropped keep-alive connection: one retry on a fresh one
+                if attempt:
+                    raise ServerError(f"GET {path} on {self.url} failed: {exc}") from None
+            except OSError as exc:
+                self._conn.close()
+                raise ServerError(
+                    f"cannot reach the server at {self.url} over HTTP: {exc.strerror or exc}"
+                ) from None
+        try:
+            data = json.loads(body) if body else {}
+        except json.JSONDecodeError:
+            raise ServerError(f"GET {path} on {self.url} did not answer JSON") from None
+        if response.status != 200:
+            message = data.get("error", body.decode(errors="replace")) if data else response.reason
+            raise ServerError(f"GET {path} on {self.url}: {message}")
+        return data
+
+    def server_metadata(self) -> dict[str, Any]:
+        return self._get("/v2")
+
+    def model_metadata(self) -> dict[str, Any]:
+        return self._get(self._model_path())
+
+    def model_config(self) -> dict[str, Any]:
+        return self._get(self._model_path() + "/config")
+
+    def model_stats(self) -> dict[str, Any]:
+        return self._get(self._model_path() + "/stats")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class GrpcControl(ControlClient):
+    def __init__(self, url: str, model: str, version: str = "", timeout: float = 30.0):
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+
+        super().__init__(url, model, version)
+        host, port = split_url(url, 8001)
+        self._grpc = grpc
+        self._channel = grpc.insecure_channel(f"{host}:{port}")
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._timeout = timeout
+
+    def _call(self, method: str, request) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self._timeout)
+        except self._grpc.RpcError as exc:
+            code = exc.code()
+            if code in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise ServerError(f"cannot reach the server at {self.url} over gRPC") from None
+            raise ServerError(f"{method} on {self.url}: {exc.details()}") from None
+
+    def server_metadata(self) -> dict[str, Any]:
+        from tritonclient.grpc import service_pb2
+
+        from analyzer.config.model_config import proto_to_dict
+
+        return proto_to_dict(self._call("ServerMetadata", service_pb2.ServerMetadataRequest()))
+
+    def model_metadata(self) -> dict[str, Any]:
+        from tritonclient.grpc import service_pb2
+
+        from analyzer.config.model_config import proto_to_dict
+
+        request = service_pb2.ModelMetadataRequest(name=self.model, version=self.version)
+        return proto_to_dict(self._call("ModelMetadata", request))
+
+    def model_config(self) -> dict[str, Any]:
+        from tritonclient.grpc import service_pb2
+
+        from analyzer.config.model_config import model_config_to_dict
+
+        request = service_pb2.ModelConfigRequest(name=self.model, version=self.version)
+        return model_config_to_dict(self._call("ModelConfig", request).config)
+
+    def model_stats(self) -> dict[str, Any]:
+        from tritonclient.grpc import service_pb2
+
+        from analyzer.config.model_config import proto_to_dict
+
+        request = service_pb2.ModelStatisticsRequest(name=self.model, version=self.version)
+        return proto_to_dict(self._call("ModelStatistics", request))
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def control_client(protocol: str, url: str, model: str, version: str = "") -> ControlClient:
+    if protocol == "http":
+        return HttpControl(url, model, version)
+    if protocol == "grpc":
+        return GrpcControl(url, model, version)
+    raise ServerError(f"-i {protocol}: the protocol must be http or grpc")
+

@@ -1,0 +1,140 @@
+"""A perf_analyzer-style sweep: connect, make the requests, measure each load level in turn.
+
+The same LoadClient (its shard processes and connections) serves the whole sweep, so moving to the
+next concurrency or rate costs a warm-up, not a process start.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from analyzer.loadgen.client import LoadClient
+from analyzer.loadgen.control import ServerError, control_client
+from analyzer.loadgen.inputs import ModelIO, make_requests, model_io
+from analyzer.loadgen.measure import Measurer, MeasureSettings, PerfPoint
+from analyzer.loadgen.payload import grpc_request, http_request
+from analyzer.monitor.base import Sampler
+from analyzer.monitor.cpu import CpuSampler
+from analyzer.monitor.gpu import GpuSampler
+
+
+@dataclass
+class PerfOptions:
+    model: str
+    url: str = "localhost:8000"
+    protocol: str = "http"
+    version: str = ""
+    concurrency: list[int] = field(default_factory=list)
+    request_rates: list[float] = field(default_factory=list)
+    distribution: str = "constant"
+    batch_size: int = 1
+    input_data: str = "random"
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    string_length: int = 128
+    settings: MeasureSettings = field(default_factory=MeasureSettings)
+    latency_threshold_ms: float = 0.0  # stop the sweep once the (percentile) latency exceeds it
+    client_processes: int = 0  # 0: start with one, add one when it saturates, up to the cores
+    server_pid: int | None = None  # sample this process tree's CPU and memory
+    gpus: list[str] = field(default_factory=list)
+    monitor_interval_s: float = 0.1
+    seed: int = 0
+
+    @property
+    def mode(self) -> str:
+        return "request_rate" if self.request_rates else "concurrency"
+
+    @property
+    def values(self) -> list[float]:
+        if self.request_rates:
+            return list(self.request_rates)
+        return [float(c) for c in self.concurrency]
+
+
+def parse_range(flag: str, text: str, integer: bool) -> list:
+    """perf_analyzer's `start[:end[:step]]`, inclusive, linear steps."""
+    parts = text.split(":")
+    try:
+        if not 1 <= len(parts) <= 3:
+            raise ValueError
+        kind = int if integer else float
+        start = kind(parts[0])
+        end = kind(parts[1]) if len(parts) > 1 else start
+        step = kind(parts[2]) if len(parts) > 2 else 1
+        if start <= 0 or end < start or step <= 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"{flag} '{text}' must be start[:end[:step]] with 0 < start <= end and step > 0"
+        ) from None
+    values, value = [], start
+    while value <= end + 1e-9:
+        values.append(value)
+        value += step
+    return values
+
+
+def encode_payloads(options: PerfOptions, io: ModelIO) -> list[bytes]:
+    requests = make_requests(
+        io, options.batch_size, options.input_data, options.shapes, options.string_length,
+        options.seed,
+    )
+    datatypes = {spec.name: spec.datatype for spec in io.inputs}
+    if options.protocol == "grpc":
+        return [grpc_request(io.name, options.version, r, datatypes) for r in requests]
+    host = options.url.split("://", 1)[-1]
+    return [http_request(host, io.name, options.version, r, datatypes) for r in requests]
+
+
+def make_samplers(options: PerfOptions) -> dict[str, Sampler]:
+    samplers: dict[str, Sampler] = {
+        "gpu": GpuSampler(options.gpus or None, options.monitor_interval_s)
+    }
+    if options.server_pid:
+        samplers["cpu"] = CpuSampler(options.server_pid, options.monitor_interval_s)
+    return samplers
+
+
+def run_perf(
+    options: PerfOptions, on_start: Callable[[ModelIO, dict], None] | None = None
+) -> Iterator[PerfPoint]:
+    """Yield one PerfPoint per load level; stops early past the latency threshold."""
+    control = control_client(options.protocol, options.url, options.model, options.version)
+    samplers: dict[str, Sampler] = {}
+    try:
+        server = control.server_metadata()
+        io = model_io(control.model_metadata(), control.model_config())
+        payloads = encode_payloads(options, io)
+        use_stats = "statistics" in server.get("extensions", [])
+        if on_start is not None:
+            on_start(io, server)
+        samplers = make_samplers(options)
+        for sampler in samplers.values():
+            sampler.start()
+        cores = len(os.sched_getaffinity(0))
+        auto = options.client_processes <= 0
+        with LoadClient(
+            options.protocol, options.url, payloads, max(1, options.client_processes), options.seed
+        ) as client:
+            measurer = Measurer(
+                client, control, io.name, options.version, options.batch_size, options.settings,
+                samplers, use_stats,
+            )
+            for value in options.values:
+                point = measurer.measure(options.mode, value, options.distribution)
+                while auto and point.client_saturated and len(client.shards) < cores:
+                    client.add_process()
+                    point = measurer.measure(options.mode, value, options.distribution)
+                yield point
+                limit = options.latency_threshold_ms * 1000.0
+                if limit and point.stability_latency_us > limit:
+                    break
+            client.set_idle()
+    finally:
+        for sampler in samplers.values():
+            sampler.stop()
+        control.close()
+
+
+__all__ = ["PerfOptions", "ServerError", "parse_range", "run_perf"]

@@ -1,0 +1,83 @@
+"""Per-request timing records, as columns, and the messages that carry them between processes."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class Records:
+    """One row per finished request. Times are CLOCK_MONOTONIC ns, comparable across processes.
+
+    start/end bound the client latency; send is the time spent handing the request to the
+    transport, recv the time from the first response byte to the parsed response; sched is the
+    time the schedule asked for the request (request-rate mode; 0 in concurrency mode).
+    """
+
+    start: np.ndarray = field(default_factory=lambda: _EMPTY)
+    end: np.ndarray = field(default_factory=lambda: _EMPTY)
+    send: np.ndarray = field(default_factory=lambda: _EMPTY)
+    recv: np.ndarray = field(default_factory=lambda: _EMPTY)
+    sched: np.ndarray = field(default_factory=lambda: _EMPTY)
+    ok: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def __len__(self) -> int:
+        return int(self.end.size)
+
+    @staticmethod
+    def concat(parts: list[Records]) -> Records:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return Records()
+        if len(parts) == 1:
+            return parts[0]
+        return Records(
+            *(np.concatenate([getattr(p, name) for p in parts]) for name in _COLUMNS)
+        )
+
+    def where(self, mask: np.ndarray) -> Records:
+        return Records(*(getattr(self, name)[mask] for name in _COLUMNS))
+
+    def ended_in(self, t0: int, t1: int) -> Records:
+        """Requests that completed inside [t0, t1): the throughput of that interval."""
+        return self.where((self.end >= t0) & (self.end < t1))
+
+    def inside(self, t0: int, t1: int) -> Records:
+        """perf_analyzer's valid requests: started and completed inside [t0, t1]."""
+        return self.where((self.start >= t0) & (self.end <= t1))
+
+    def latency_ns(self) -> np.ndarray:
+        return (self.end - self.start)[self.ok]
+
+
+_COLUMNS = ("start", "end", "send", "recv", "sched", "ok")
+
+
+def send_message(sock: socket.socket, message: object) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(struct.pack("<Q", len(data)) + data)
+
+
+def recv_message(sock: socket.socket) -> object:
+    header = _recv_exact(sock, 8)
+    (size,) = struct.unpack("<Q", header)
+    return pickle.loads(_recv_exact(sock, size))
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise ConnectionError("the load-generator shard exited")
+        got += n
+    return bytes(buffer)

@@ -1,0 +1,385 @@
+"""A load-generator shard: one client process with its own event loop (uvloop when present).
+
+The parent (`LoadClient`) starts one shard per client process and talks to it over a socket pair:
+it sets the load ("concurrency", n) / ("rate", r, distribution, phase) / ("idle",), and drains the
+timing records every tick. A shard keeps no results of its own beyond the last drain, so a
+measurement can be cut at any time without losing requests. Run as `python -m
+analyzer.loadgen.shard FD`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import random
+import resource
+import socket
+import struct
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import httptools
+import numpy as np
+
+from analyzer.loadgen.records import recv_message, send_message
+
+now_ns = time.monotonic_ns
+
+
+@dataclass
+class ShardConfig:
+    protocol: str  # http | grpc
+    host: str
+    port: int
+    payloads: list[bytes]  # complete HTTP requests, or serialized ModelInferRequest messages
+    seed: int = 0
+    max_outstanding: int = 4096
+    grpc_channels: int = 4
+
+
+class _HttpConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection carrying one request at a time."""
+
+    def __init__(self, on_lost) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future | None = None
+        self.first_byte = 0
+        self.keep_body = False
+        self.body = bytearray()
+        self.reusable = True
+        self._on_lost = on_lost
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.first_byte:
+            self.first_byte = now_ns()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.reusable = False
+            self._finish(exc)
+
+    def on_headers_complete(self) -> None:
+        self.keep_body = self.parser.get_status_code() != 200
+        if not self.parser.should_keep_alive():
+            self.reusable = False
+
+    def on_body(self, body: bytes) -> None:
+        if self.keep_body:
+            self.body += body
+
+    def on_message_complete(self) -> None:
+        self._finish(self.parser.get_status_code())
+
+    def connection_lost(self, exc) -> None:
+        self.reusable = False
+        self._on_lost(self)
+        self._finish(ConnectionError(f"connection closed by the server ({exc or 'EOF'})"))
+
+    def _finish(self, result) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            if isinstance(result, BaseException):
+                waiter.set_exception(result)
+            else:
+                waiter.set_result(result)
+
+    def start(self, payload: bytes) -> asyncio.Future:
+        self.first_byte = 0
+        self.body = bytearray()
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(payload)
+        return self.waiter
+
+
+class Shard:
+    """Keeps the asked load running and records every finished request."""
+
+    def __init__(self, config: ShardConfig) -> None:
+        self.config = config
+        self.loop = asyncio.get_running_loop()
+        self.payloads = config.payloads
+        self.next_payload = 0
+        self.generation = 0  # bumped on every load change; loops of older generations end
+        self.concurrency = 0
+        self.workers = 0
+        self.outstanding = 0
+        self.max_outstanding_seen = 0
+        self.sent = 0
+        self.waited_for_slot = 0
+        self.errors: Counter[str] = Counter()
+        self._reset_columns()
+        self.idle: list[_HttpConnection] = []
+        self.connections = 0
+        self.slot_free = asyncio.Event()
+        self.grpc_calls = []
+        self.grpc_next = 0
+
+    def _reset_columns(self) -> None:
+        self.c_start: list[int] = []
+        self.c_end: list[int] = []
+        self.c_send: list[int] = []
+        self.c_recv: list[int] = []
+        self.c_sched: list[int] = []
+        self.c_ok: list[bool] = []
+
+    # ---- transports -------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Connect once before reporting ready, so a bad URL fails at start, not mid-measurement."""
+        if self.config.protocol == "grpc":
+            import grpc
+
+            target = f"{self.config.host}:{self.config.port}"
+            options = [
+                ("grpc.max_receive_message_length", -1),
+                ("grpc.max_send_message_length", -1),
+            ]
+            for index in range(self.config.grpc_channels):
+                channel = grpc.aio.insecure_channel(
+                    target, options=options + [("grpc.channel_id", index)]
+                )
+                await asyncio.wait_for(channel.channel_ready(), 10)
+                self.grpc_calls.append(
+                    channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+                )
+        else:
+            self.idle.append(await self._connect())
+
+    async def _connect(self) -> _HttpConnection:
+        self.connections += 1
+        _, conn = await self.loop.create_connection(
+            lambda: _HttpConnection(self._lost), self.config.host, self.config.port
+        )
+        return conn
+
+    def _lost(self, conn: _HttpConnection) -> None:
+        if conn in self.idle:
+            self.idle.remove(conn)
+
+    def _payload(self) -> bytes:
+        payload = self.payloads[self.next_payload]
+        self.next_payload = (self.next_payload + 1) % len(self.payloads)
+        return payload
+
+    async def _http_request(self, payload: bytes, sched: int) -> None:
+        conn = self.idle.pop() if self.idle else None
+        start = now_ns()
+        try:
+            if conn is None or conn.transport.is_closing():
+                conn = await self._connect()
+            waiter = conn.start(payload)
+            sent = now_ns()
+            status = await waiter
+            end = now_ns()
+            ok = status == 200
+            if not ok:
+                self.errors[_http_error(status, conn.body)] += 1
+            recv = end - conn.first_byte if conn.first_byte else 0
+        except (OSError, httptools.HttpParserError) as exc:
+            end = now_ns()
+            sent, recv, ok = end, 0, False
+            self.errors[f"HTTP request failed: {exc}"] += 1
+        if conn is not None and conn.reusable and not conn.transport.is_closing():
+            self.idle.append(conn)
+        elif conn is not None and conn.transport is not None:
+            conn.transport.close()
+        self._record(start, end, sent - start, recv, sched, ok)
+
+    async def _grpc_request(self, payload: bytes, sched: int) -> None:
+        import grpc
+
+        call = self.grpc_calls[self.grpc_next]
+        self.grpc_next = (self.grpc_next + 1) % len(self.grpc_calls)
+        start = now_ns()
+        pending = call(payload)
+        sent = now_ns()
+        try:
+            await pending
+            ok = True
+        except grpc.aio.AioRpcError as exc:
+            ok = False
+            self.errors[f"gRPC {exc.code().name}: {exc.details()}"] += 1
+        end = now_ns()
+        self._record(start, end, sent - start, 0, sched, ok)
+
+    def _record(self, start: int, end: int, send: int, recv: int, sched: int, ok: bool) -> None:
+        self.c_start.append(start)
+        self.c_end.append(end)
+        self.c_send.append(send)
+        self.c_recv.append(recv)
+        self.c_sched.append(sched)
+        self.c_ok.append(ok)
+
+    async def request(self, sched: int = 0) -> None:
+        self.sent += 1
+        self.outstanding += 1
+        self.max_outstanding_seen = max(self.max_outstanding_seen, self.outstanding)
+        try:
+            if self.config.protocol == "grpc":
+                await self._grpc_request(self._payload(), sched)
+            else:
+                await self._http_request(self._payload(), sched)
+        finally:
+            self.outstanding -= 1
+            self.slot_free.set()
+
+    # ---- load shapes ------------------------------------------------------------------------
+    def set_concurrency(self, n: int) -> None:
+        self.generation += 1
+        self.concurrency = n
+        generation = self.generation
+        self.workers = 0
+        for slot in range(n):
+            self.workers += 1
+            self.loop.create_task(self._worker(slot, generation))
+
+    async def _worker(self, slot: int, generation: int) -> None:
+        try:
+            while self.generation == generation:
+                await self.request()
+        finally:
+            self.workers -= 1
+
+    def set_rate(self, rate: float, distribution: str, phase: float) -> None:
+        self.generation += 1
+        if rate > 0:
+            self.loop.create_task(self._schedule(rate, distribution, phase, self.generation))
+
+    async def _schedule(self, rate: float, distribution: str, phase: float, generation: int):
+        """Send at the scheduled instants; timers are coarse (1 ms), so the last stretch before an
+        instant is slept with time.sleep in short slices between event-loop turns."""
+        rng = random.Random(self.config.seed + generation)
+        interval = 1e9 / rate
+        poisson = distribution == "poisson"
+        due = float(now_ns()) + (rng.expovariate(1.0) * interval if poisson else phase * interval)
+        while self.generation == generation:
+            now = now_ns()
+            while due <= now and self.generation == generation:
+                if self.outstanding >= self.config.max_outstanding:
+                    self.waited_for_slot += 1
+                    self.slot_free.clear()
+                    await self.slot_free.wait()
+                    continue
+                self.loop.create_task(self.request(int(due)))
+                due += rng.expovariate(1.0) * interval if poisson else interval
+            wait = due - now_ns()
+            if wait > 2_000_000:
+                await asyncio.sleep((wait - 1_000_000) / 1e9)
+            else:
+                await asyncio.sleep(0)  # one event-loop turn: responses get processed
+                wait = due - now_ns()
+                if wait > 0:
+                    time.sleep(min(wait, 100_000) / 1e9)
+
+    def idle_load(self) -> None:
+        self.generation += 1
+        self.concurrency = 0
+
+    # ---- reporting --------------------------------------------------------------------------
+    def drain(self) -> dict:
+        columns = {
+            "start": np.array(self.c_start, dtype=np.int64),
+            "end": np.array(self.c_end, dtype=np.int64),
+            "send": np.array(self.c_send, dtype=np.int64),
+            "recv": np.array(self.c_recv, dtype=np.int64),
+            "sched": np.array(self.c_sched, dtype=np.int64),
+            "ok": np.array(self.c_ok, dtype=bool),
+        }
+        self._reset_columns()
+        errors, self.errors = dict(self.errors), Counter()
+        report = {
+            "columns": columns,
+            "errors": errors,
+            "cpu_ns": time.process_time_ns(),
+            "at_ns": now_ns(),
+            "sent": self.sent,
+            "outstanding": self.outstanding,
+            "max_outstanding": self.max_outstanding_seen,
+            "waited_for_slot": self.waited_for_slot,
+            "connections": self.connections,
+        }
+        self.max_outstanding_seen = self.outstanding
+        return report
+
+
+def _http_error(status: int, body: bytearray) -> str:
+    try:
+        message = json.loads(bytes(body)).get("error", "")
+    except (ValueError, AttributeError):
+        message = bytes(body[:200]).decode(errors="replace")
+    return f"HTTP {status}: {message}" if message else f"HTTP {status}"
+
+
+async def _serve(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    sock.setblocking(True)
+    config: ShardConfig = recv_message(sock)  # the first message; nothing else runs yet
+    shard = Shard(config)
+    try:
+        await shard.open()
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is reported to the parent
+        send_message(sock, ("error", f"cannot connect to {config.host}:{config.port}: {exc}"))
+        return
+    send_message(sock, ("ready", os.getpid()))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    while True:
+        header = await reader.readexactly(8)
+        body = await reader.readexactly(int.from_bytes(header, "little"))
+        command = pickle.loads(body)
+        kind = command[0]
+        if kind == "concurrency":
+            shard.set_concurrency(int(command[1]))
+        elif kind == "rate":
+            shard.set_rate(float(command[1]), str(command[2]), float(command[3]))
+        elif kind == "idle":
+            shard.idle_load()
+        elif kind == "drain":
+            pass
+        elif kind == "stop":
+            shard.idle_load()
+            deadline = loop.time() + 10
+            while shard.outstanding and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+            _write(writer, ("stopped", shard.drain()))
+            await writer.drain()
+            return
+        _write(writer, ("ok", shard.drain()))
+        await writer.drain()
+
+
+def _write(writer: asyncio.StreamWriter, message: object) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(struct.pack("<Q", len(data)) + data)
+
+
+def main(argv: list[str]) -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # many connections in rate mode
+    sock = socket.socket(fileno=int(argv[0]))
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio still works
+        runner = asyncio.run
+    if os.environ.get("MA_LOADGEN_LOOP") == "asyncio":
+        runner = asyncio.run
+    try:
+        runner(_serve(sock))
+    except (ConnectionError, asyncio.IncompleteReadError, KeyboardInterrupt):
+        return 0  # the parent went away: nothing left to report to
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

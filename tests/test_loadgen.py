@@ -1,0 +1,210 @@
+"""The embedded load generator against a real `model-analyzer serve` process, both protocols."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from serving import ROOT
+
+from analyzer.loadgen.control import ServerError
+from analyzer.loadgen.inputs import InputError, ModelIO, TensorSpec, make_requests, parse_shapes
+from analyzer.loadgen.measure import MeasureSettings
+from analyzer.loadgen.output import CSV_LATENCY_COLUMNS
+from analyzer.loadgen.perf import PerfOptions, parse_range, run_perf
+from analyzer.loadgen.server_stats import stats_delta
+
+# short, but the same code paths as the defaults
+QUICK = MeasureSettings(warmup_ms=100, min_window_ms=500, window_ms=1000, max_trials=6)
+
+
+def address(worker, protocol: str) -> str:
+    return worker.grpc if protocol == "grpc" else worker.http
+
+
+def measure(worker, protocol: str, **kwargs) -> list:
+    kwargs.setdefault("settings", QUICK)
+    options = PerfOptions(url=address(worker, protocol), protocol=protocol, **kwargs)
+    return list(run_perf(options))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_concurrency_mode_matches_server_statistics(examples_worker, protocol):
+    points = measure(examples_worker, protocol, model="add_sub", concurrency=[1, 4])
+    assert [p.value for p in points] == [1, 4]
+    for p in points:
+        assert p.error_count == 0 and p.request_count > 20
+        assert p.throughput == pytest.approx(p.request_count / p.duration_s)
+        assert 0 < p.p50_us <= p.p90_us <= p.p95_us <= p.p99_us
+        # the server counted the same requests over the same window (boundary requests aside)
+        assert p.server is not None
+        assert abs(p.server.success_count - p.request_count) <= max(8, 0.03 * p.request_count)
+        assert p.server.compute_infer_us > 0
+        assert p.server.request_us < p.latency_avg_us  # the client sees the server's time and more
+        assert p.client_processes == 1 and 0 < p.client_cpu_pct < 100
+        assert p.monitors["gpu"].available is False or p.monitors["gpu"].gpus
+    # 4 outstanding requests on one python instance queue up at the server
+    assert points[1].server.queue_us > points[0].server.queue_us
+
+
+@pytest.mark.parametrize(
+    ("protocol", "distribution", "rate"), [("http", "constant", 200), ("grpc", "poisson", 300)]
+)
+def test_request_rate_mode_achieves_the_asked_rate(examples_worker, protocol, distribution, rate):
+    settings = MeasureSettings(mode="time_windows", window_ms=2000, stability_pct=50, max_trials=4)
+    (point,) = measure(
+        examples_worker, protocol, model="add_sub", request_rates=[rate],
+        distribution=distribution, settings=settings,
+    )  # fmt: skip
+    assert point.mode == "request_rate" and point.error_count == 0
+    assert point.sent_rate == pytest.approx(rate, rel=0.05)
+    assert point.throughput == pytest.approx(rate, rel=0.05)
+    assert not any("keep up" in w for w in point.warnings), point.warnings
+
+
+def test_time_and_count_windows_follow_perf_analyzer_rules(examples_worker):
+    settings = MeasureSettings(mode="count_windows", request_count=100, stability_pct=50)
+    (point,) = measure(examples_worker, "http", model="add_sub", concurrency=[2], settings=settings)
+    assert point.windows >= 3 and point.request_count >= 3 * 100 * 0.9
+    settings = MeasureSettings(mode="time_windows", window_ms=400, stability_pct=50, max_trials=5)
+    (point,) = measure(examples_worker, "http", model="add_sub", concurrency=[2], settings=settings)
+    assert 3 <= point.windows <= 5
+    assert point.duration_s == pytest.approx(3 * 0.4, rel=0.25)
+
+
+def test_torchscript_batch_and_several_client_processes(examples_worker):
+    (point,) = measure(
+        examples_worker, "http", model="tiny_cnn", concurrency=[4], batch_size=4,
+        client_processes=2,
+    )  # fmt: skip
+    assert point.client_processes == 2
+    assert point.batch_size == 4
+    assert point.throughput == pytest.approx(4 * point.request_count / point.duration_s)
+    assert point.server.inference_count == pytest.approx(4 * point.server.success_count)
+
+
+def test_monitors_sample_the_worker_tree(examples_worker):
+    (point,) = measure(
+        examples_worker, "http", model="add_sub", concurrency=[2],
+        server_pid=examples_worker.process.pid, monitor_interval_s=0.05,
+    )  # fmt: skip
+    cpu = point.monitors["cpu"]
+    assert cpu.available and cpu.samples >= 5
+    assert cpu.rss_max_mb > 50  # python + numpy in the worker
+    assert cpu.processes >= 2  # the worker and add_sub's python-backend stub
+    assert cpu.cpu_pct > 5
+
+
+def test_saturated_client_is_flagged(examples_worker):
+    settings = MeasureSettings(warmup_ms=100, min_window_ms=500, saturation=0.0)
+    (point,) = measure(
+        examples_worker, "http", model="add_sub", concurrency=[1], settings=settings,
+        client_processes=1,
+    )  # fmt: skip
+    assert point.client_saturated
+    assert any("load generator used" in w for w in point.warnings)
+
+
+def test_input_data_file(examples_worker, tmp_path):
+    data = {"data": [{"INPUT0": [1, 2, 3, 4], "INPUT1": {"content": [1, 1, 1, 1], "shape": [4]}}]}
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(data))
+    (point,) = measure(
+        examples_worker, "grpc", model="add_sub", concurrency=[1], input_data=str(path)
+    )
+    assert point.error_count == 0 and point.request_count > 0
+
+
+def test_unreachable_server_and_unknown_model_are_one_sentence_errors(examples_worker):
+    with pytest.raises(ServerError, match="cannot reach the server at 127.0.0.1:1"):
+        measure(examples_worker, "http", model="add_sub", concurrency=[1], url="127.0.0.1:1")
+    with pytest.raises(ServerError, match="nope"):
+        measure(examples_worker, "grpc", model="nope", concurrency=[1])
+
+
+def test_perf_cli_writes_perf_analyzer_csv(examples_worker, tmp_path):
+    out = tmp_path / "perf.csv"
+    run = subprocess.run(
+        [sys.executable, "-m", "analyzer", "perf", "-m", "add_sub", "-u", examples_worker.http,
+         "--concurrency-range", "1:3:2", "-f", str(out), "--min-window-ms", "500",
+         "--warmup-ms", "100", "--verbose-csv"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "Request concurrency: 1" in run.stdout and "Request concurrency: 3" in run.stdout
+    assert "Inferences/Second vs. Client Average Batch Latency" in run.stdout
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    header = list(rows[0])
+    assert header[:2] == ["Concurrency", "Inferences/Second"]
+    assert header[2 : 2 + len(CSV_LATENCY_COLUMNS)] == list(CSV_LATENCY_COLUMNS)
+    assert sorted(int(r["Concurrency"]) for r in rows) == [1, 3]
+    throughputs = [float(r["Inferences/Second"]) for r in rows]
+    assert throughputs == sorted(throughputs)  # perf_analyzer orders rows by throughput
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency-range", "4:1"], "--concurrency-range '4:1' must be start[:end[:step]]"),
+        (["--concurrency-range", "1", "--request-rate-range", "5"], "not both"),
+        (["-u", "127.0.0.1:1"], "cannot reach the server at 127.0.0.1:1"),
+        (["--shape", "INPUT0"], "--shape 'INPUT0' must be NAME:d1,d2"),
+        (["-b", "9"], "-b 9 exceeds model 'add_sub' max_batch_size 8"),
+    ],
+)
+def test_perf_cli_bad_input(examples_worker, args, message):
+    argv = [sys.executable, "-m", "analyzer", "perf", "-m", "add_sub", "-u", examples_worker.http]
+    run = subprocess.run(argv + args, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert run.returncode != 0
+    assert message in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+# ---- pure parts ---------------------------------------------------------------------------------
+
+
+def test_ranges_like_perf_analyzer():
+    assert parse_range("--concurrency-range", "1:16:5", True) == [1, 6, 11, 16]
+    assert parse_range("--concurrency-range", "3", True) == [3]
+    assert parse_range("--request-rate-range", "10:20:5", False) == [10.0, 15.0, 20.0]
+
+
+def test_requests_from_shapes_and_json(tmp_path):
+    specs = (TensorSpec("X", "FP32", (-1, 3)), TensorSpec("S", "BYTES", (1,)))
+    io = ModelIO("m", "1", 8, specs, ())
+    with pytest.raises(InputError, match="input 'X' has dynamic shape"):
+        make_requests(io)
+    requests = make_requests(io, batch_size=2, shapes=parse_shapes(["X:5,3"]))
+    assert requests[0]["X"].shape == (2, 5, 3) and requests[0]["S"].shape == (2, 1)
+    assert make_requests(io, input_data="zero", shapes={"X": (1, 3)})[0]["X"].sum() == 0
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps({"data": [{"X": [1, 2, 3, 4, 5, 6], "S": ["a"]},
+                                         {"X": [0, 0, 0], "S": ["b"]}]}))  # fmt: skip
+    steps = make_requests(io, batch_size=1, input_data=str(path))
+    assert steps[0]["X"].shape == (1, 2, 3) and steps[1]["X"].shape == (1, 1, 3)
+    assert steps[1]["S"].ravel()[0] == b"b"
+    path.write_text(json.dumps({"data": [{"X": [1, 2]}]}))
+    with pytest.raises(InputError, match="input 'S' is missing"):
+        make_requests(io, input_data=str(path))
+
+
+def test_stats_delta_picks_the_version_that_served():
+    def entry(version, count, ns):
+        stat = {"count": count, "ns": ns}
+        names = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+        return {"name": "m", "version": version, "inference_count": count,
+                "execution_count": count // 2,
+                "inference_stats": {name: dict(stat) for name in names}}  # fmt: skip
+
+    before = {"model_stats": [entry("1", 10, 1000), entry("2", 0, 0)]}
+    after = {"model_stats": [entry("1", 10, 1000), entry("2", 100, 2_000_000)]}
+    delta = stats_delta(before, after, "m")
+    assert delta.success_count == 100 and delta.execution_count == 50
+    assert delta.queue_us == pytest.approx(20.0) and delta.avg_batch == 2.0
+    assert stats_delta(after, after, "m") is None
+    assert np.isclose(delta.overhead_us, 0.0)

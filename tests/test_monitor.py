@@ -1,0 +1,65 @@
+"""Monitors: the GPU sampler's clean "no GPU" answer here, real readings on a GPU machine."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from analyzer.monitor.cpu import CpuSampler
+from analyzer.monitor.gpu import GpuSampler
+from analyzer.worker import devices
+
+HAS_GPU = devices.gpu_count() > 0
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU: the no-GPU path cannot be taken")
+def test_gpu_sampler_without_gpu_says_so_and_never_raises():
+    sampler = GpuSampler(interval_s=0.01)
+    sampler.start()  # a no-op without devices
+    t0 = time.monotonic_ns()
+    time.sleep(0.05)
+    summary = sampler.summary(t0, time.monotonic_ns())
+    sampler.stop()
+    assert summary.available is False
+    assert summary.reason.startswith("no GPU")
+    assert summary.gpus == [] and summary.memory_used_mb == 0
+
+
+def test_gpu_sampler_unknown_device_is_no_gpu():
+    sampler = GpuSampler(["GPU-does-not-exist"])
+    summary = sampler.summary(0, time.monotonic_ns())
+    sampler.stop()
+    assert summary.available is False and summary.reason.startswith("no GPU")
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="no GPU on this machine")
+def test_gpu_sampler_reads_memory_utilisation_and_power():
+    sampler = GpuSampler(interval_s=0.02)
+    sampler.start()
+    t0 = time.monotonic_ns()
+    time.sleep(0.3)
+    summary = sampler.summary(t0, time.monotonic_ns())
+    sampler.stop()
+    assert summary.available, summary.reason
+    for gpu in summary.gpus:
+        assert gpu.uuid.startswith("GPU-") and gpu.samples >= 5
+        assert 0 < gpu.memory_used_max_mb <= gpu.memory_total_mb
+        assert 0 <= gpu.utilization_pct <= 100
+
+
+def test_cpu_sampler_measures_a_busy_process():
+    sampler = CpuSampler(os.getpid(), interval_s=0.02)
+    sampler.start()
+    t0 = time.monotonic_ns()
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:  # keep one core busy
+        pass
+    summary = sampler.summary(t0, time.monotonic_ns())
+    sampler.stop()
+    assert summary.available and summary.samples >= 5
+    assert 50 < summary.cpu_pct <= 110  # the sampler thread itself adds a little
+    assert summary.rss_mb > 10
+    gone = CpuSampler(2**22 + 12345)
+    assert not gone.available() and "cannot be read" in gone.summary(0, 1).reason
