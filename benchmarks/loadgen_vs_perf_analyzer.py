@@ -84,11 +84,16 @@ def agreement(address: str, protocol: str, levels: list[int], pairs: int, tmp: P
     for level in levels:
         args = [*common, "--concurrency-range", str(level)]
         thr, p50, cost, detail = [], [], [], []
+        failures = {"perf_analyzer": 0, "ours": 0}
         for i in range(pairs):
             order = ("perf_analyzer", "ours") if i % 2 == 0 else ("ours", "perf_analyzer")
             got = {}
             for tool in order:
-                row, wall, text = run_tool(tool, args, tmp / f"{tool}.csv")
+                for _ in range(3):  # perf_analyzer exits without a result when never stable
+                    row, wall, text = run_tool(tool, args, tmp / f"{tool}.csv")
+                    if row:
+                        break
+                    failures[tool] += 1
                 got[tool] = (row, wall, text)
             pa, ours = got["perf_analyzer"], got["ours"]
             if not pa[0] or not ours[0]:
@@ -107,7 +112,9 @@ def agreement(address: str, protocol: str, levels: list[int], pairs: int, tmp: P
             )
         all_cost += cost
         print(f"  concurrency {level}: throughput ratio {med(thr)}; p50 ratio {med(p50)}; "
-              f"wall-time ratio {med(cost)}", flush=True)  # fmt: skip
+              f"wall-time ratio {med(cost)}; runs without a result (retried): "
+              f"perf_analyzer {failures['perf_analyzer']}, ours {failures['ours']}",
+              flush=True)  # fmt: skip
         for line in detail:
             print(f"    {line} (ours/perf_analyzer)", flush=True)
     print(f"  cost over all points: wall-time ratio ours/perf_analyzer {med(all_cost)}", flush=True)

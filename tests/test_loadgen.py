@@ -28,7 +28,8 @@ def address(worker, protocol: str) -> str:
 
 def measure(worker, protocol: str, **kwargs) -> list:
     kwargs.setdefault("settings", QUICK)
-    options = PerfOptions(url=address(worker, protocol), protocol=protocol, **kwargs)
+    kwargs.setdefault("url", address(worker, protocol))
+    options = PerfOptions(protocol=protocol, **kwargs)
     return list(run_perf(options))
 
 
@@ -188,8 +189,11 @@ def test_requests_from_shapes_and_json(tmp_path):
     steps = make_requests(io, batch_size=1, input_data=str(path))
     assert steps[0]["X"].shape == (1, 2, 3) and steps[1]["X"].shape == (1, 1, 3)
     assert steps[1]["S"].ravel()[0] == b"b"
-    path.write_text(json.dumps({"data": [{"X": [1, 2]}]}))
+    path.write_text(json.dumps({"data": [{"X": [1, 2, 3]}]}))
     with pytest.raises(InputError, match="input 'S' is missing"):
+        make_requests(io, input_data=str(path))
+    path.write_text(json.dumps({"data": [{"X": [1, 2], "S": ["a"]}]}))
+    with pytest.raises(InputError, match="input 'X' has 2 values, which do not fill"):
         make_requests(io, input_data=str(path))
 
 

@@ -68,7 +68,7 @@ class HttpControl(ControlClient):
                 response = self._conn.getresponse()
                 body = response.read()
                 break
-            except (http.client.HTTPException, ConnectionError) as exc:
+            except (http.client.HTTPException, ConnectionResetError, BrokenPipeError) as exc:
                 self._conn.close()  # a dropped keep-alive connection: one retry on a fresh one
                 if attempt:
                     raise ServerError(f"GET {path} on {self.url} failed: {exc}") from None

@@ -145,11 +145,13 @@ def _from_json_value(spec: TensorSpec, value, shapes, where: str) -> np.ndarray:
         try:
             shape = _resolve_shape(spec, shapes)
         except InputError:
-            if any(d < 0 for d in spec.shape) and sum(d < 0 for d in spec.shape) == 1:
-                known = int(np.prod([d for d in spec.shape if d > 0]))
-                shape = tuple(arr.size // known if d < 0 else d for d in spec.shape)
-            else:
-                raise
+            known = int(np.prod([d for d in spec.shape if d > 0]))
+            if sum(d < 0 for d in spec.shape) != 1 or arr.size == 0 or arr.size % known:
+                raise InputError(
+                    f"{where}: input '{spec.name}' has {arr.size} values, which do not fill its "
+                    f"shape {list(spec.shape)}; give \"shape\" in the file or --shape"
+                ) from None
+            shape = tuple(arr.size // known if d < 0 else d for d in spec.shape)
     if int(np.prod(shape)) != arr.size:
         raise InputError(
             f"{where}: input '{spec.name}' has {arr.size} values, shape {list(shape)} needs "

@@ -277,13 +277,17 @@ class Measurer:
                 snapshots = [snap for snap in snapshots if snap[0] >= middle] or snapshots[-1:]
 
     def _ci_verdict(self, recs: Records, t0: int, t1: int):
-        """'stable', 'wide' (CI still too wide) or 'drift' (halves disagree), and the CIs."""
+        """'stable', 'wide' (CI still too wide) or 'drift' (halves differ), and the CIs in %.
+
+        Sub-windows are batch means: long enough (>= 50 ms, ~10 requests) to be nearly
+        independent. Drift is a difference between the window's halves that is both larger than
+        the band and statistically clear, so noise alone does not keep restarting the window.
+        """
         ok = recs.ok
         n = int(np.count_nonzero(ok))
         if n < 20:
             return "wide", (None, None)
         span = t1 - t0
-        # sub-windows of >= 50 ms holding ~>= 10 requests each, at least 8 of them
         width = max(50e6, 10 * span / n)
         k = int(span // width)
         if k < 8:
@@ -293,20 +297,21 @@ class Measurer:
         slot = np.minimum(((ends - t0) * k // span).astype(np.int64), k - 1)
         counts = np.bincount(slot, minlength=k).astype(np.float64)
         sums = np.bincount(slot, weights=latency, minlength=k)
-        if np.any(counts == 0):
-            return "wide", (None, None)
         thr = counts / (span / k / 1e9)
-        lat = sums / counts
-        t_crit = _t95(k - 1)
+        busy = counts > 0  # a stall leaves a sub-window empty: no latency sample there
+        lat = sums[busy] / counts[busy]
+        if lat.size < 8:
+            return "wide", (None, None)
         band = self.settings.stability_pct / 200.0  # half the band
-        ci_thr = t_crit * thr.std(ddof=1) / math.sqrt(k) / thr.mean()
-        ci_lat = t_crit * lat.std(ddof=1) / math.sqrt(k) / lat.mean()
+        ci_thr = _t95(k - 1) * thr.std(ddof=1) / math.sqrt(k) / thr.mean()
+        ci_lat = _t95(lat.size - 1) * lat.std(ddof=1) / math.sqrt(lat.size) / lat.mean()
         cis = (100.0 * ci_thr, 100.0 * ci_lat)
-        half = k // 2
-        for series, weights in ((thr, None), (lat, counts)):
-            a = np.average(series[:half], weights=None if weights is None else weights[:half])
-            b = np.average(series[half:], weights=None if weights is None else weights[half:])
-            if abs(a - b) > band * (a + b) / 2:
+        for series in (thr, lat):
+            half = series.size // 2
+            a, b = series[:half], series[half:]
+            diff = abs(a.mean() - b.mean())
+            noise = math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+            if diff > band * series.mean() and diff > 2.0 * noise:
                 return "drift", cis
         if ci_thr <= band and ci_lat <= band:
             return "stable", cis
