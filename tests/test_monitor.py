@@ -54,8 +54,8 @@ def test_gpu_sampler_reads_memory_utilisation_and_power():
 
 def test_cpu_sampler_measures_a_busy_process_tree():
     # a parent that sleeps and a child that spins: the tree's CPU is the child's
-    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'while 1: pass']);"
-    code += " time.sleep(30)"
+    code = "import subprocess, sys, time; "
+    code += "subprocess.Popen([sys.executable, '-c', 'while 1: pass']); time.sleep(30)"
     parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
         time.sleep(0.5)
