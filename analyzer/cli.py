@@ -166,3 +166,16 @@ def perf(
     from analyzer.loadgen.main import perf_command
 
     raise typer.Exit(perf_command(**flags))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                      "help_option_names": []},
+    add_help_option=False,
+)  # fmt: skip
+def profile(ctx: typer.Context) -> None:
+    """Search, measure and rank serving configs of models (NVIDIA Model Analyzer's flags;
+    `model-analyzer profile --help` lists them)."""
+    from analyzer.profile_main import profile_command
+
+    raise typer.Exit(profile_command(list(ctx.args)))

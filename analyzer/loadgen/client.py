@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 from analyzer.loadgen.control import ServerError, split_url
@@ -120,6 +121,19 @@ class LoadClient:
 
     def set_idle(self) -> Drained:
         return self._command([("idle",)] * len(self.shards))
+
+    def set_payloads(self, payloads: list[bytes]) -> Drained:
+        """Idle the load and send other requests from now on (the next model or variant)."""
+        self.payloads = payloads
+        return self._command([("payloads", payloads)] * len(self.shards))
+
+    def quiesce(self, timeout_s: float = 30.0) -> None:
+        """Stop sending and wait for every outstanding request to finish (before an unload)."""
+        deadline = time.monotonic() + timeout_s
+        self.set_idle()
+        while any(s.outstanding for s in self.shards) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self.drain()
 
     def drain(self) -> Drained:
         return self._command([("drain",)] * len(self.shards))

@@ -345,6 +345,9 @@ async def _serve(sock: socket.socket) -> None:
             shard.idle_load()
         elif kind == "drain":
             pass
+        elif kind == "payloads":  # another model or variant: same processes and connections
+            shard.idle_load()
+            shard.payloads, shard.next_payload = list(command[1]), 0
         elif kind == "stop":
             shard.idle_load()
             deadline = loop.time() + 10

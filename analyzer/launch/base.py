@@ -1,0 +1,79 @@
+"""The Launcher interface: how the profiler gets a serving worker, wherever it runs.
+
+Lifecycle: `start()` once (raises LaunchError with the worker's own words when it cannot start),
+then any number of `load(name)` / `unload(name)` through the repository API, `alive()` between
+measurements, `restart()` after a crash, and `stop()` always -- also on Ctrl-C and on errors (use
+the launcher as a context manager). Local, docker and remote launchers implement the same calls.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+
+class LaunchError(RuntimeError):
+    """The worker could not be started or reached; the message carries its last words."""
+
+
+class Launcher(ABC):
+    http_url: str = ""  # host:port
+    grpc_url: str = ""
+    metrics_url: str = ""
+    pid: int | None = None  # the worker's process, when it runs on this machine
+    log_path: Path | None = None
+
+    def __enter__(self) -> Launcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @abstractmethod
+    def alive(self) -> bool: ...
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def last_words(self, lines: int = 20) -> str:
+        """The end of the worker's log: what to show when it failed."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        text = self.log_path.read_text(errors="replace").strip().splitlines()
+        return "\n".join(text[-lines:])
+
+    # ---- repository API (KServe v2 / Triton) --------------------------------------------------
+    def load(self, name: str, timeout_s: float = 600.0) -> None:
+        """Load `name` from the worker's repository; LaunchError with the worker's reason."""
+        self._repository_call(f"/v2/repository/models/{name}/load", timeout_s)
+
+    def unload(self, name: str, timeout_s: float = 120.0) -> None:
+        self._repository_call(f"/v2/repository/models/{name}/unload", timeout_s)
+
+    def _repository_call(self, path: str, timeout_s: float) -> None:
+        host, _, port = self.http_url.rpartition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        try:
+            conn.request("POST", path, body=b"{}", headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            body = response.read()
+        except OSError as err:
+            raise LaunchError(f"worker at {self.http_url} did not answer {path}: {err}") from None
+        finally:
+            conn.close()
+        if response.status != 200:
+            try:
+                message = json.loads(body).get("error", "")
+            except (ValueError, AttributeError):
+                message = body.decode(errors="replace")
+            raise LaunchError(message or f"HTTP {response.status} for {path}")

@@ -1,0 +1,118 @@
+"""Local launch: `model-analyzer serve` as a child process, in explicit model-control mode.
+
+Ports are chosen once and kept across restarts, so load-generator connections simply reconnect.
+The worker's output goes to a log file; readiness is its ready line there. The worker dies with
+the analyzer: it is stopped on exit and Ctrl-C, and the kernel sends it SIGTERM if the analyzer
+is killed outright (PR_SET_PDEATHSIG), so no orphan keeps a port or a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from analyzer.launch.base import Launcher, LaunchError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalLauncher(Launcher):
+    def __init__(
+        self,
+        repository: Path,
+        log_path: Path,
+        extra_flags: dict[str, object] | None = None,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        self.repository = repository
+        self.log_path = log_path
+        self.extra_flags = extra_flags or {}
+        self.startup_timeout_s = startup_timeout_s
+        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+        self.http_url = f"127.0.0.1:{self.ports['http']}"
+        self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
+        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "analyzer", "serve",
+            "--model-repository", str(self.repository),
+            "--model-control-mode", "explicit",
+            "--host", "127.0.0.1",
+            "--http-port", str(self.ports["http"]),
+            "--grpc-port", str(self.ports["grpc"]),
+            "--metrics-port", str(self.ports["metrics"]),
+        ]  # fmt: skip
+        for key, value in self.extra_flags.items():
+            cmd.append(f"--{str(key).replace('_', '-')}={value}")
+        return cmd
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            log.write(f"--- start {self.starts + 1}: {' '.join(self.command())}\n".encode())
+            log.flush()
+            offset = log.tell()
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=_die_with_parent,
+                start_new_session=True,  # Ctrl-C reaches the analyzer, which stops the worker
+            )
+        self.pid = self.process.pid
+        self.starts += 1
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            text = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            if "model-analyzer serve ready:" in text:
+                return
+            if self.process.poll() is not None:
+                words = self.last_words()
+                self.process = None
+                raise LaunchError(f"the worker exited at start:\n{words}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LaunchError(
+                    f"the worker was not ready after {self.startup_timeout_s:.0f} s "
+                    f"(log: {self.log_path})"
+                )
+            time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)

@@ -1,0 +1,415 @@
+"""The profile loop: ask the search for a trial, make and load the variant, measure, store, tell.
+
+One worker and one load generator serve the whole run: variants are loaded into the running worker
+through the repository API (each variant's instances are created fresh on load and destroyed on
+unload, so nothing of the previous variant stays), and the load generator's processes and
+connections move from variant to variant. The worker is restarted only when it died. Every point
+goes to the checkpoint the moment it is measured; a rerun replays the search from it and measures
+only what is missing (no worker is even started when nothing is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzer.config.model_config import ModelConfig, format_model_config
+from analyzer.config.profile_config import ModelSpec, ProfileConfig, ProfileConfigError
+from analyzer.launch.base import Launcher, LaunchError
+from analyzer.launch.local import LocalLauncher
+from analyzer.loadgen.client import LoadClient
+from analyzer.loadgen.control import ServerError, control_client
+from analyzer.loadgen.inputs import InputError, model_io, parse_shapes
+from analyzer.loadgen.measure import MeasurementError, Measurer, MeasureSettings
+from analyzer.loadgen.perf import PerfOptions, encode_payloads
+from analyzer.monitor.base import Sampler
+from analyzer.monitor.cpu import CpuSampler
+from analyzer.monitor.gpu import GpuSampler
+from analyzer.repository.repository import ModelSource, RepositoryError, list_models, read_model
+from analyzer.repository.variants import (
+    VariantError,
+    default_variant,
+    describe,
+    make_variant,
+    write_variant,
+)
+from analyzer.results.checkpoint import Checkpoint, config_key, point_key
+from analyzer.results.measurement import Measurement, from_point
+from analyzer.results.ranking import ConfigResult, Ranker
+from analyzer.search.base import Outcome, Trial
+from analyzer.search.brute import BruteSearch, SearchLimits
+from analyzer.search.space import load_search_space
+from analyzer.worker.devices import gpu_count
+
+
+@dataclass
+class ModelOutcome:
+    spec: ModelSpec
+    results: list[ConfigResult] = field(default_factory=list)  # ranked after the run
+    error: str = ""  # the model could not be profiled at all
+    skipped: list[str] = field(default_factory=list)  # combinations that cannot work
+
+    @property
+    def default(self) -> ConfigResult | None:
+        return next((r for r in self.results if r.is_default), None)
+
+
+@dataclass
+class ProfileOutcome:
+    config: ProfileConfig
+    models: list[ModelOutcome]
+    measured: int = 0  # points measured in this run
+    reused: int = 0  # points taken from the checkpoint
+    worker_starts: int = 0
+    wall_s: float = 0.0
+    server_only: list[dict[str, Any]] = field(default_factory=list)
+    kind: str = "CPU"
+
+
+Listener = Callable[[str, dict[str, Any]], None]  # (event, data) for progress displays
+
+
+class Profiler:
+    def __init__(self, config: ProfileConfig, listener: Listener | None = None) -> None:
+        self.config = config
+        self.listener = listener or (lambda event, data: None)
+        self.launcher: Launcher | None = None
+        self.client: LoadClient | None = None
+        self.samplers: dict[str, Sampler] = {}
+        self.loaded: str | None = None
+        self.payload_key: tuple | None = None
+        self.outcome = ProfileOutcome(config, [])
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def _check_modes(self) -> None:
+        c = self.config
+        if c.triton_launch_mode != "local":
+            raise ProfileConfigError(
+                f"triton_launch_mode '{c.triton_launch_mode}' is not available in this version "
+                "yet; use 'local'"
+            )
+        if c.run_config_search_mode != "brute":
+            raise ProfileConfigError(
+                f"run_config_search_mode '{c.run_config_search_mode}' is not available in this "
+                "version yet; use 'brute'"
+            )
+
+    def _prepare_output(self, checkpoint: Checkpoint) -> None:
+        out = self.config.output_repository
+        repo = Path(self.config.model_repository)
+        if out == repo or repo in out.parents or out in repo.parents:
+            raise ProfileConfigError(
+                f"output_model_repository_path '{out}' must not overlap the model repository "
+                f"'{repo}'"
+            )
+        resuming = checkpoint.resumed and checkpoint.meta.get("output_repository") == str(out)
+        if out.exists() and any(out.iterdir()):
+            if self.config.override_output_model_repository:
+                shutil.rmtree(out)
+            elif not resuming:
+                raise ProfileConfigError(
+                    f"output model repository '{out}' already exists; pass "
+                    "--override-output-model-repository to replace it"
+                )
+        out.mkdir(parents=True, exist_ok=True)
+        if not resuming:
+            checkpoint.record_meta(output_repository=str(out), started=time.time())
+
+    def _settings(self, spec: ModelSpec) -> tuple[MeasureSettings, PerfOptions]:
+        c, flags = self.config, spec.perf_analyzer_flags
+        window = int(flags.get("measurement-interval", c.measurement_interval))
+        settings = MeasureSettings(
+            mode=str(flags.get("measurement-mode", c.measurement_mode)),
+            window_ms=window,
+            request_count=int(flags.get("measurement-request-count", c.measurement_request_count)),
+            stability_pct=float(flags.get("stability-percentage", c.stability_percentage)),
+            max_trials=int(flags.get("max-trials", c.max_trials)),
+            percentile=int(flags["percentile"]) if "percentile" in flags else None,
+            min_window_ms=min(1000, window),
+        )
+        shapes = flags.get("shape", [])
+        options = PerfOptions(
+            model=spec.name,
+            protocol=str(flags.get("protocol", c.client_protocol)),
+            distribution=str(flags.get("request-distribution", "constant")),
+            input_data=str(flags.get("input-data", "random")),
+            shapes=parse_shapes([shapes] if isinstance(shapes, str) else list(shapes)),
+            string_length=int(flags.get("string-length", 128)),
+            settings=settings,
+            seed=c.seed,
+        )
+        return settings, options
+
+    # ---- run ------------------------------------------------------------------------------------
+    def run(self) -> ProfileOutcome:
+        started = time.monotonic()
+        self._check_modes()
+        list_models(self.config.model_repository)  # a missing repository ends the run here
+        space = load_search_space(self.config.search_space)
+        checkpoint = Checkpoint(self.config.checkpoints)
+        self._prepare_output(checkpoint)
+        use_gpu = gpu_count() > 0 and not self.config.cpu_only
+        self.outcome.kind = "GPU" if use_gpu else "CPU"
+        try:
+            for spec in self.config.models:
+                model = ModelOutcome(spec)
+                self.outcome.models.append(model)
+                try:
+                    source = read_model(self.config.model_repository, spec.name)
+                except RepositoryError as err:
+                    model.error = str(err)
+                    self.listener("model_failed", {"model": spec.name, "error": model.error})
+                    continue
+                self._profile_model(model, source, space, checkpoint, use_gpu)
+        finally:
+            self._shutdown()
+        for model in self.outcome.models:
+            ranker = Ranker(model.spec.objectives, model.spec.constraints)
+            model.results = ranker.rank(model.results)
+        self.outcome.wall_s = time.monotonic() - started
+        return self.outcome
+
+    def _limits(self, spec: ModelSpec, source: ModelSource) -> SearchLimits:
+        c = self.config
+        return SearchLimits(
+            model_max_batch_size=source.config.max_batch_size,
+            min_model_batch_size=c.run_config_search_min_model_batch_size,
+            max_model_batch_size=c.run_config_search_max_model_batch_size,
+            min_instance_count=c.run_config_search_min_instance_count,
+            max_instance_count=c.run_config_search_max_instance_count,
+            min_concurrency=c.run_config_search_min_concurrency,
+            max_concurrency=c.run_config_search_max_concurrency,
+            min_request_rate=c.run_config_search_min_request_rate,
+            max_request_rate=c.run_config_search_max_request_rate,
+            batch_sizes=spec.batch_sizes,
+            concurrency=spec.concurrency,
+            request_rate=spec.request_rate,
+            request_rate_search=c.request_rate_search_enable,
+            search_disable=c.run_config_search_disable,
+            early_exit=c.early_exit_enable,
+            manual=spec.model_config_parameters,
+        )
+
+    def _profile_model(
+        self, model: ModelOutcome, source: ModelSource, space, checkpoint: Checkpoint,
+        use_gpu: bool,
+    ) -> None:  # fmt: skip
+        spec = model.spec
+        cpu_only = spec.cpu_only or not use_gpu
+        settings, options = self._settings(spec)
+        fingerprint = json.dumps([options.protocol, options.input_data, options.distribution,
+                                  sorted(options.shapes.items()), options.string_length,
+                                  settings.mode, settings.window_ms, settings.request_count,
+                                  settings.stability_pct, settings.max_trials,
+                                  settings.percentile])  # fmt: skip
+        ranker = Ranker(spec.objectives, spec.constraints)
+        search = BruteSearch(space, self._limits(spec, source))
+        variants: dict[str, ConfigResult | None] = {}
+        current: ConfigResult | None = None
+        while (trial := search.ask()) is not None:
+            if trial.params_json not in variants:
+                variants[trial.params_json] = self._new_variant(model, source, trial, cpu_only)
+            result = variants[trial.params_json]
+            if result is None:  # a combination that cannot work
+                search.tell(trial, Outcome(ok=False))
+                continue
+            if current is not None and current is not result:
+                self._unload()
+            current = result
+            ckey = config_key(result.config_text, fingerprint)
+            if ckey in checkpoint.failures:
+                result.error = checkpoint.failures[ckey]
+                search.tell(trial, Outcome(ok=False))
+                continue
+            pkey = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
+                             fingerprint)  # fmt: skip
+            measurement = checkpoint.points.get(pkey)
+            if measurement is not None:
+                measurement.config_name = result.name
+                self.outcome.reused += 1
+            else:
+                try:
+                    measurement = self._measure(result, trial, options)
+                except InputError as err:
+                    model.error = f"model '{spec.name}': {err}"
+                    self.listener("model_failed", {"model": spec.name, "error": model.error})
+                    break
+                except (LaunchError, ServerError, MeasurementError, OSError) as err:
+                    result.error = self._failure_text(err)
+                    checkpoint.record_failure(ckey, result.error)
+                    self.listener("config_failed", {"result": result})
+                    self._recover()
+                    search.tell(trial, Outcome(ok=False))
+                    continue
+                checkpoint.record_point(pkey, measurement)
+                self.outcome.measured += 1
+            result.measurements.append(measurement)
+            violations = ranker.violations(measurement)
+            self.listener("point", {"result": result, "measurement": measurement,
+                                    "violations": violations})  # fmt: skip
+            search.tell(trial, Outcome(
+                ok=True,
+                throughput=measurement.metrics["perf_throughput"],
+                breaks_latency_limit=ranker.breaks_latency_limit(measurement),
+                satisfies_constraints=not violations,
+            ))  # fmt: skip
+        self._unload()
+
+    def _new_variant(
+        self, model: ModelOutcome, source: ModelSource, trial: Trial, cpu_only: bool
+    ) -> ConfigResult | None:
+        params = trial.params
+        try:
+            config = make_variant(source.config, params, cpu_only) if params else (
+                default_variant(source.config, cpu_only))  # fmt: skip
+        except VariantError as err:
+            model.skipped.append(f"{json.dumps(params, sort_keys=True)}: {err}")
+            return None
+        index = sum(1 for r in model.results if not r.is_default)
+        name = f"{source.name}_config_{'default' if not params else index}"
+        folder = self.config.output_repository / name
+        write_variant(source.path, config, folder)
+        content = ModelConfig()
+        content.CopyFrom(config)
+        content.name = ""
+        named = ModelConfig()
+        named.CopyFrom(config)
+        named.name = name
+        result = ConfigResult(
+            model=source.name,
+            name=name,
+            params=params,
+            description=describe(config),
+            config_text=format_model_config(content),
+            path=str(folder),
+            is_default=not params,
+        )
+        result.description["config_pbtxt"] = format_model_config(named)
+        model.results.append(result)
+        self.listener("variant", {"result": result})
+        return result
+
+    # ---- worker and load generator -------------------------------------------------------------
+    def _ensure_worker(self) -> Launcher:
+        if self.launcher is None:
+            c = self.config
+            flags = {}
+            for spec in c.models:
+                flags.update(spec.triton_server_flags)
+            flags.update(c.triton_server_flags)
+            self.launcher = LocalLauncher(
+                c.output_repository, c.export / "logs" / "worker.log", flags,
+                c.server_startup_timeout,
+            )  # fmt: skip
+        if not self.launcher.alive():
+            self.listener("worker_start", {})
+            self.launcher.start()
+            self.outcome.worker_starts += 1
+            self.loaded = None
+            self._start_samplers()
+        return self.launcher
+
+    def _start_samplers(self) -> None:
+        for sampler in self.samplers.values():
+            sampler.stop()
+        interval = self.config.monitoring_interval
+        gpus = [g for g in self.config.gpus if g != "all"] or None
+        self.samplers = {"gpu": GpuSampler(gpus, interval)}
+        if self.launcher is not None and self.launcher.pid:
+            self.samplers["cpu"] = CpuSampler(self.launcher.pid, interval)
+        for sampler in self.samplers.values():
+            sampler.start()
+        gpu = self.samplers["gpu"]
+        if gpu.available() and not self.outcome.server_only:
+            t0 = time.monotonic_ns()  # the idle server: MA's server-only metrics
+            time.sleep(max(0.5, 3 * interval))
+            summary = gpu.summary(t0, time.monotonic_ns())
+            self.outcome.server_only = [
+                {"gpu_uuid": g.uuid, "gpu_used_memory": g.memory_used_max_mb,
+                 "gpu_utilization": g.utilization_pct, "gpu_power_usage": g.power_w or 0.0}
+                for g in summary.gpus
+            ]  # fmt: skip
+
+    def _measure(self, result: ConfigResult, trial: Trial, options: PerfOptions) -> Measurement:
+        launcher = self._ensure_worker()
+        if self.loaded != result.name:
+            self.listener("load", {"result": result})
+            launcher.load(result.name)
+            self.loaded = result.name
+        url = launcher.grpc_url if options.protocol == "grpc" else launcher.http_url
+        control = control_client(options.protocol, url, result.name)
+        try:
+            key = (result.name, trial.batch_size, options.protocol)
+            if self.payload_key != key:
+                io = model_io(control.model_metadata(), control.model_config())
+                opts = PerfOptions(**{**options.__dict__, "model": result.name, "url": url,
+                                      "batch_size": trial.batch_size})  # fmt: skip
+                payloads = encode_payloads(opts, io)
+                if self.client is None:
+                    processes = max(1, self.config.client_processes)
+                    self.client = LoadClient(options.protocol, url, payloads, processes,
+                                             self.config.seed)  # fmt: skip
+                    self.client.start()
+                else:
+                    self.client.set_payloads(payloads)
+                self.payload_key = key
+            measurer = Measurer(self.client, control, result.name, "", trial.batch_size,
+                                options.settings, self.samplers, True)  # fmt: skip
+            self.listener("measure", {"result": result, "trial": trial})
+            point = measurer.measure(trial.load, trial.value, options.distribution)
+            auto = self.config.client_processes <= 0
+            cores = len(os.sched_getaffinity(0))
+            while auto and point.client_saturated and len(self.client.shards) < cores:
+                self.client.add_process()
+                point = measurer.measure(trial.load, trial.value, options.distribution)
+        finally:
+            control.close()
+        if not launcher.alive():
+            raise LaunchError(f"the worker exited during the measurement:\n{launcher.last_words()}")
+        return from_point(point, result.model, result.name, trial.load, trial.value, time.time())
+
+    def _failure_text(self, err: Exception) -> str:
+        text = str(err).strip()
+        if self.launcher is not None and not self.launcher.alive() and "exited" not in text:
+            text += f"\nthe worker exited:\n{self.launcher.last_words()}"
+        return text
+
+    def _recover(self) -> None:
+        """After a failed config: idle the load, unload, and restart the worker if it died."""
+        if self.client is not None:
+            try:
+                self.client.quiesce(10)
+            except (OSError, ConnectionError, EOFError):
+                self.client.close()
+                self.client, self.payload_key = None, None
+        if self.launcher is not None and not self.launcher.alive():
+            self.loaded = None
+            return  # restarted lazily by the next measurement
+        self._unload()
+
+    def _unload(self) -> None:
+        if self.loaded is None or self.launcher is None:
+            return
+        if self.client is not None:
+            self.client.quiesce(30)
+        try:
+            self.launcher.unload(self.loaded)
+        except LaunchError:
+            pass  # a worker that cannot unload is restarted by the next load if it died
+        self.loaded = None
+        self.payload_key = None
+
+    def _shutdown(self) -> None:
+        for sampler in self.samplers.values():
+            sampler.stop()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.launcher is not None:
+            self.launcher.stop()

@@ -1,0 +1,178 @@
+"""What `model-analyzer profile` prints: live progress while it runs, the ranked summary after."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from analyzer.results.ranking import ConfigResult
+
+
+def _load_label(load: str, value: int) -> str:
+    return f"c={value}" if load == "concurrency" else f"{value} req/s"
+
+
+def _setting(r: ConfigResult) -> str:
+    d = r.description
+    parts = [d["instance_group"], f"max_batch_size {d['max_batch_size']}"]
+    if d.get("dynamic_batching"):
+        parts.append(f"queue delay {d['max_queue_delay_us']} us")
+    elif d["max_batch_size"] > 0:
+        parts.append("no dynamic batching")
+    return ", ".join(parts)
+
+
+class ProgressDisplay:
+    """A rich progress bar over configs and load points, with the best result so far."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.fields[model]}[/]"),
+            BarColumn(bar_width=None),
+            TextColumn("{task.fields[configs]} configs, {task.fields[points]} points"),
+            TextColumn("[green]{task.fields[best]}[/]"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, Any] = {}
+        self.best: dict[str, tuple[float, str]] = {}
+        self.fields: dict[str, dict[str, Any]] = {}
+
+    def __enter__(self) -> ProgressDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def _task(self, model: str):
+        if model not in self.tasks:
+            self.tasks[model] = self.progress.add_task(
+                "", total=None, model=model, configs=0, points=0, best="")
+        return self.tasks[model]
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        if event == "worker_start":
+            self.console.print("[dim]starting the worker ...[/]")
+            return
+        if event == "model_failed":
+            self.console.print(f"[red]{data['model']}: {data['error']}[/]")
+            return
+        result: ConfigResult = data["result"]
+        task = self._task(result.model)
+        fields = self.fields.setdefault(result.model, {"configs": 0, "points": 0, "best": ""})
+        if event == "variant":
+            fields["configs"] += 1
+            self.progress.update(task, configs=fields["configs"],
+                                 description=f"{result.name}: {_setting(result)}")  # fmt: skip
+        elif event == "load":
+            self.progress.update(task, description=f"loading {result.name}")
+        elif event == "measure":
+            trial = data["trial"]
+            label = _load_label(trial.load, trial.value)
+            self.progress.update(task, description=f"{result.name} {label}")
+        elif event == "point":
+            m = data["measurement"]
+            throughput = m.metrics["perf_throughput"]
+            ok = not data["violations"]
+            best = self.best.get(result.model)
+            if ok and (best is None or throughput > best[0]):
+                self.best[result.model] = (throughput, result.name)
+                best_text = f"best {throughput:.0f} infer/s ({result.name})"
+                fields["best"] = best_text
+            fields["points"] += 1
+            self.progress.update(task, points=fields["points"], best=fields["best"])
+            mark = "" if ok else f" [yellow]breaks {'; '.join(data['violations'])}[/]"
+            self.console.print(
+                f"  {result.name:<28} {_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
+                f"{throughput:9.1f} infer/s  p99 {m.metrics['perf_latency_p99']:8.3f} ms{mark}"
+            )
+        elif event == "config_failed":
+            self.console.print(f"  [red]{result.name} failed: {result.error.splitlines()[0]}[/]")
+
+
+def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
+    c = outcome.config
+    for model in outcome.models:
+        console.rule(f"[bold]{model.spec.name}")
+        if model.error:
+            console.print(f"[red]not profiled: {model.error}[/]")
+            continue
+        measured = [r for r in model.results if r.measurements]
+        if not measured:
+            console.print("[red]no config could be measured[/]")
+        default = model.default
+        top = measured[: max(c.num_configs_per_model, 1)]
+        if default is not None and default.measurements and default not in top:
+            top.append(default)
+        table = Table(title=f"Top configs of {model.spec.name} (objectives: "
+                      + ", ".join(f"{t} x{w:g}" for t, w in model.spec.objectives.items())
+                      + ")")  # fmt: skip
+        for col in ("rank", "config", "instances", "max batch", "queue delay (us)", "load",
+                    "throughput (infer/s)", "p99 (ms)", "vs default", "constraints"):
+            table.add_column(col, justify="right" if col not in ("config",) else "left")
+        base = _throughput(default)
+        for r in top:
+            m = r.best
+            assert m is not None
+            ratio = f"{m.metrics['perf_throughput'] / base:.2f}x" if base else "-"
+            delay = r.description["max_queue_delay_us"]
+            table.add_row(
+                str(r.rank), r.name, r.description["instance_group"],
+                str(r.description["max_batch_size"]), "-" if delay is None else str(delay),
+                f"{_load_label(m.load, m.value)} b={m.batch_size}",
+                f"{m.metrics['perf_throughput']:.1f}", f"{m.metrics['perf_latency_p99']:.3f}",
+                ratio, "ok" if r.satisfies else "[yellow]" + "; ".join(r.violations) + "[/]",
+            )  # fmt: skip
+        console.print(table)
+        if len(measured) > len(top):
+            console.print(f"  ... and {len(measured) - len(top)} more configs in the CSV")
+        winner = measured[0] if measured else None
+        if winner is not None:
+            console.print(recommendation(winner, default))
+        for r in model.results:
+            if r.error:
+                console.print(f"  [red]failed[/] {r.name} ({_setting(r)}): "
+                              f"{r.error.splitlines()[0]}")  # fmt: skip
+        if model.skipped:
+            console.print(f"  [dim]skipped {len(model.skipped)} combinations that cannot work "
+                          f"(e.g. {model.skipped[0]})[/]")  # fmt: skip
+    console.print(
+        f"\n{outcome.measured} points measured, {outcome.reused} taken from the checkpoint, "
+        f"{outcome.worker_starts} worker start(s), {outcome.wall_s:.0f} s."
+    )
+    console.print(f"Configs: {c.output_model_repository_path}")
+    for label, path in paths.items():
+        console.print(f"{label}: {path}")
+
+
+def _throughput(result: ConfigResult | None) -> float:
+    if result is None or result.best is None:
+        return 0.0
+    return result.best.metrics["perf_throughput"]
+
+
+def recommendation(winner: ConfigResult, default: ConfigResult | None) -> str:
+    m = winner.best
+    assert m is not None
+    text = (
+        f"[bold green]Best config for {winner.model}: {winner.name}[/] ({_setting(winner)}): "
+        f"{m.metrics['perf_throughput']:.1f} infer/s at {_load_label(m.load, m.value)}, "
+        f"p99 latency {m.metrics['perf_latency_p99']:.3f} ms"
+    )
+    base = _throughput(default)
+    if default is not None and base and winner is not default:
+        text += (f", {m.metrics['perf_throughput'] / base:.2f}x the default config's "
+                 f"{base:.1f} infer/s")  # fmt: skip
+    elif winner is default:
+        text += " (the default config is the best)"
+    if not winner.satisfies:
+        text += f" [yellow](no config satisfies the constraints: {'; '.join(winner.violations)})[/]"
+    return text + "."

@@ -1,0 +1,210 @@
+"""The files a profile run leaves in EXPORT_PATH/results: MA's three CSVs and one results file.
+
+CSV file and column names are NVIDIA Model Analyzer's (metrics-model-inference.csv,
+metrics-model-gpu.csv, metrics-server-only.csv; "Throughput (infer/sec)", "p99 Latency (ms)", ...);
+`*_output_fields` select columns by MA's tags. profile_results.json holds everything the reports
+need, so they can be rebuilt without a model repository or a worker.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from analyzer.report.machine import machine_info
+from analyzer.results.measurement import Measurement
+from analyzer.results.ranking import ConfigResult, Ranker
+
+RESULTS_FILE = "profile_results.json"
+
+Getter = Callable[[ConfigResult, Measurement, Ranker], Any]
+
+
+def _metric(tag: str, digits: int = 3) -> Getter:
+    def get(r: ConfigResult, m: Measurement, ranker: Ranker) -> Any:
+        value = m.metric(tag)
+        return "" if value is None else round(value, digits)
+
+    return get
+
+
+# MA's tag -> (header, value)
+COLUMNS: dict[str, tuple[str, Getter]] = {
+    "model_name": ("Model", lambda r, m, k: r.model),
+    "batch_size": ("Batch", lambda r, m, k: m.batch_size),
+    "concurrency": ("Concurrency", lambda r, m, k: m.value if m.load == "concurrency" else ""),
+    "request_rate": ("Request Rate", lambda r, m, k: m.value if m.load == "request_rate" else ""),
+    "model_config_path": ("Model Config Path", lambda r, m, k: r.name),
+    "instance_group": ("Instance Group", lambda r, m, k: r.description["instance_group"]),
+    "max_batch_size": ("Max Batch Size", lambda r, m, k: r.description["max_batch_size"]),
+    "satisfies_constraints": (
+        "Satisfies Constraints", lambda r, m, k: "No" if k.violations(m) else "Yes"),
+    "perf_throughput": ("Throughput (infer/sec)", _metric("perf_throughput", 1)),
+    "perf_latency_p99": ("p99 Latency (ms)", _metric("perf_latency_p99")),
+    "perf_latency_p95": ("p95 Latency (ms)", _metric("perf_latency_p95")),
+    "perf_latency_p90": ("p90 Latency (ms)", _metric("perf_latency_p90")),
+    "perf_latency_p50": ("p50 Latency (ms)", _metric("perf_latency_p50")),
+    "perf_latency_avg": ("Avg Latency (ms)", _metric("perf_latency_avg")),
+    "perf_server_queue": ("Server Queue time (ms)", _metric("perf_server_queue")),
+    "perf_server_compute_input": (
+        "Server Compute Input time (ms)", _metric("perf_server_compute_input")),
+    "perf_server_compute_infer": (
+        "Server Compute Infer time (ms)", _metric("perf_server_compute_infer")),
+    "perf_server_compute_output": (
+        "Server Compute Output time (ms)", _metric("perf_server_compute_output")),
+    "perf_client_send_recv": ("Client Send/Recv (ms)", _metric("perf_client_send_recv")),
+    "perf_client_response_wait": ("Response Wait Time (ms)", _metric("perf_client_response_wait")),
+    "cpu_used_ram": ("RAM Usage (MB)", _metric("cpu_used_ram", 1)),
+    "gpu_used_memory": ("GPU Memory Usage (MB)", _metric("gpu_used_memory", 1)),
+    "gpu_utilization": ("GPU Utilization (%)", _metric("gpu_utilization", 1)),
+    "gpu_power_usage": ("GPU Power Usage (W)", _metric("gpu_power_usage", 1)),
+    # ours, after MA's
+    "max_queue_delay_microseconds": (
+        "Max Queue Delay (us)", lambda r, m, k: _or_blank(r.description["max_queue_delay_us"])),
+    "server_avg_batch": ("Server Avg Batch", _metric("server_avg_batch", 2)),
+    "cpu_utilization": ("Server CPU Utilization (%)", _metric("cpu_utilization", 1)),
+    "stable": ("Stable", lambda r, m, k: "Yes" if m.stable else "No"),
+    "client_saturated": ("Client Saturated", lambda r, m, k: "Yes" if m.client_saturated else "No"),
+}  # fmt: skip
+
+DEFAULT_INFERENCE_FIELDS = [
+    "model_name", "batch_size", "concurrency", "model_config_path", "instance_group",
+    "max_batch_size", "satisfies_constraints", "perf_throughput", "perf_latency_p99",
+    "perf_latency_p95", "perf_latency_p90", "perf_latency_p50", "perf_latency_avg",
+    "perf_server_queue", "perf_server_compute_input", "perf_server_compute_infer",
+    "perf_server_compute_output", "perf_client_send_recv", "cpu_used_ram",
+    "max_queue_delay_microseconds", "server_avg_batch", "cpu_utilization", "stable",
+    "client_saturated",
+]  # fmt: skip
+GPU_HEADERS = {
+    "model_name": "Model", "gpu_uuid": "GPU UUID", "batch_size": "Batch",
+    "concurrency": "Concurrency", "request_rate": "Request Rate",
+    "model_config_path": "Model Config Path", "instance_group": "Instance Group",
+    "satisfies_constraints": "Satisfies Constraints", "gpu_used_memory": "GPU Memory Usage (MB)",
+    "gpu_utilization": "GPU Utilization (%)", "gpu_power_usage": "GPU Power Usage (W)",
+}  # fmt: skip
+DEFAULT_GPU_FIELDS = [
+    "model_name", "gpu_uuid", "batch_size", "concurrency", "model_config_path", "instance_group",
+    "satisfies_constraints", "gpu_used_memory", "gpu_utilization", "gpu_power_usage",
+]  # fmt: skip
+DEFAULT_SERVER_FIELDS = [
+    "model_name", "gpu_uuid", "gpu_used_memory", "gpu_utilization", "gpu_power_usage",
+]  # fmt: skip
+
+
+def _or_blank(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def _check_fields(fields: list[str], known: set[str], key: str) -> None:
+    for tag in fields:
+        if tag not in known:
+            raise ValueError(f"{key} has '{tag}', which is not a column; known: {sorted(known)}")
+
+
+def _rate_mode(fields: list[str], models) -> list[str]:
+    """MA's request-rate tables put Request Rate where Concurrency was."""
+    rate = any(m.load == "request_rate" for mo in models for r in mo.results
+               for m in r.measurements)  # fmt: skip
+    if not rate:
+        return fields
+    return ["request_rate" if f == "concurrency" else f for f in fields]
+
+
+def _rows(models) -> list[tuple[ConfigResult, Measurement, Ranker]]:
+    """Every measured point, each model's best first (passing points, then by score)."""
+    rows = []
+    for model in models:
+        ranker = Ranker(model.spec.objectives, model.spec.constraints)
+        points = [(r, m) for r in model.results for m in r.measurements]
+        points.sort(key=lambda p: (bool(ranker.violations(p[1])), -ranker.score(p[1])))
+        rows += [(r, m, ranker) for r, m in points]
+    return rows
+
+
+def write_csvs(outcome, results_dir: Path) -> dict[str, Path]:
+    c = outcome.config
+    results_dir.mkdir(parents=True, exist_ok=True)
+    inference_fields = _rate_mode(c.inference_output_fields or DEFAULT_INFERENCE_FIELDS,
+                                  outcome.models)  # fmt: skip
+    gpu_fields = _rate_mode(c.gpu_output_fields or DEFAULT_GPU_FIELDS, outcome.models)
+    server_fields = c.server_output_fields or DEFAULT_SERVER_FIELDS
+    _check_fields(inference_fields, set(COLUMNS), "inference_output_fields")
+    _check_fields(gpu_fields, set(GPU_HEADERS), "gpu_output_fields")
+    _check_fields(server_fields, set(GPU_HEADERS), "server_output_fields")
+    rows = _rows(outcome.models)
+    paths = {
+        "inference": results_dir / c.filename_model_inference,
+        "gpu": results_dir / c.filename_model_gpu,
+        "server": results_dir / c.filename_server_only,
+    }
+    with paths["inference"].open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([COLUMNS[t][0] for t in inference_fields])
+        for r, m, ranker in rows:
+            writer.writerow([COLUMNS[t][1](r, m, ranker) for t in inference_fields])
+    with paths["gpu"].open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([GPU_HEADERS[t] for t in gpu_fields])
+        for r, m, ranker in rows:
+            for gpu in m.gpus:
+                values = {"gpu_uuid": gpu["uuid"]} | {
+                    k: round(gpu[k], 1)
+                    for k in ("gpu_used_memory", "gpu_utilization", "gpu_power_usage")
+                }
+                writer.writerow([values[t] if t in values else COLUMNS[t][1](r, m, ranker)
+                                 for t in gpu_fields])  # fmt: skip
+    with paths["server"].open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([GPU_HEADERS[t] for t in server_fields])
+        for gpu in outcome.server_only:
+            values = {"model_name": "triton-server", **gpu}
+            writer.writerow([_or_blank(values.get(t)) for t in server_fields])
+    return paths
+
+
+def results_document(outcome) -> dict[str, Any]:
+    c = outcome.config
+    models = []
+    for model in outcome.models:
+        configs = []
+        for r in model.results:
+            configs.append({
+                "name": r.name, "rank": r.rank, "is_default": r.is_default, "params": r.params,
+                "description": r.description, "path": r.path, "error": r.error,
+                "satisfies_constraints": r.satisfies, "violations": r.violations,
+                "score": r.score,
+                "best": r.best.to_dict() if r.best else None,
+                "measurements": [m.to_dict() for m in r.measurements],
+            })  # fmt: skip
+        models.append({
+            "name": model.spec.name, "error": model.error, "skipped": model.skipped,
+            "objectives": model.spec.objectives, "constraints": model.spec.constraints,
+            "top": [r.name for r in model.results if r.measurements][: c.num_configs_per_model],
+            "configs": configs,
+        })  # fmt: skip
+    return {
+        "format": "model-analyzer profile results",
+        "version": 1,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": c.values,
+        "machine": machine_info(),
+        "instance_kind": outcome.kind,
+        "stats": {"measured": outcome.measured, "reused": outcome.reused,
+                  "worker_starts": outcome.worker_starts, "wall_s": outcome.wall_s},
+        "server_only": outcome.server_only,
+        "models": models,
+    }  # fmt: skip
+
+
+def write_results(outcome, results_dir: Path) -> Path:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / RESULTS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results_document(outcome), indent=1, default=str))
+    tmp.replace(path)
+    return path

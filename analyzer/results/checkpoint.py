@@ -1,0 +1,80 @@
+"""The checkpoint: every measured point (and every failed config) appended the moment it is known.
+
+One JSON object per line, flushed and fsynced, so a crash or SIGKILL loses at most the point that
+was being measured; a torn last line is ignored on reading. A rerun looks points up by key (the
+variant's config content + the load + the measurement settings) and measures only what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from analyzer.results.measurement import Measurement
+
+FILE_NAME = "profile.ckpt.jsonl"
+
+
+def point_key(config_text: str, load: str, value: int, batch_size: int, settings: str) -> str:
+    blob = json.dumps([config_text, load, value, batch_size, settings])
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def config_key(config_text: str, settings: str) -> str:
+    return hashlib.sha256(json.dumps([config_text, settings]).encode()).hexdigest()[:32]
+
+
+class Checkpoint:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / FILE_NAME
+        self.points: dict[str, Measurement] = {}
+        self.failures: dict[str, str] = {}
+        self.meta: dict[str, Any] = {}
+        self.resumed = False
+        if self.path.exists():
+            self._read()
+
+    def _read(self) -> None:
+        for line in self.path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line torn by a crash mid-write
+            kind = entry.get("type")
+            if kind == "point":
+                self.points[entry["key"]] = Measurement.from_dict(entry["measurement"])
+            elif kind == "failure":
+                self.failures[entry["key"]] = entry["error"]
+            elif kind == "meta":
+                self.meta.update(entry["meta"])
+        self.resumed = bool(self.points or self.failures)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        data = (json.dumps(entry) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def record_meta(self, **meta: Any) -> None:
+        self.meta.update(meta)
+        self._append({"type": "meta", "meta": meta})
+
+    def record_point(self, key: str, measurement: Measurement) -> None:
+        self.points[key] = measurement
+        self._append({"type": "point", "key": key, "measurement": measurement.to_dict()})
+
+    def record_failure(self, key: str, error: str) -> None:
+        self.failures[key] = error
+        self._append({"type": "failure", "key": key, "error": error})
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.points, self.failures, self.meta, self.resumed = {}, {}, {}, False

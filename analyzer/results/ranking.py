@@ -1,0 +1,104 @@
+"""Ranking configs by weighted objectives under constraints.
+
+MA compares two measurements by the weighted sum of their relative differences per objective
+(weights normalised to 1). We use the log ratio instead of the difference over the mean: the same
+to first order, but it makes the comparison a score (a total order), so sorting is consistent.
+Each config is represented by its best point that satisfies every constraint; configs with no such
+point rank after all that have one, each by its best point overall.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.config.profile_config import METRIC_DIRECTIONS
+from analyzer.results.measurement import Measurement
+
+UNITS = {"perf_throughput": "infer/s", "gpu_used_memory": "MB", "gpu_free_memory": "MB",
+         "gpu_utilization": "%", "gpu_power_usage": "W", "cpu_used_ram": "MB",
+         "cpu_available_ram": "MB"}  # fmt: skip
+
+
+def unit(tag: str) -> str:
+    return UNITS.get(tag, "ms")
+
+
+@dataclass
+class ConfigResult:
+    """One config of one model: what it set, where it lives, what it measured, how it ranked."""
+
+    model: str
+    name: str
+    params: dict[str, Any]
+    description: dict[str, Any]
+    config_text: str
+    path: str
+    is_default: bool = False
+    measurements: list[Measurement] = field(default_factory=list)
+    error: str = ""  # the config failed to load or serve: the worker's reason
+    best: Measurement | None = None
+    satisfies: bool = False
+    violations: list[str] = field(default_factory=list)
+    score: float = 0.0
+    rank: int = 0
+
+
+class Ranker:
+    def __init__(self, objectives: dict[str, float], constraints: dict[str, dict[str, float]]):
+        total = sum(objectives.values()) or 1.0
+        self.weights = {tag: w / total for tag, w in objectives.items()}
+        self.constraints = constraints
+
+    def violations(self, m: Measurement) -> list[str]:
+        out = []
+        for tag, bounds in self.constraints.items():
+            value = m.metric(tag)
+            if value is None:
+                continue  # e.g. a GPU limit on a CPU-only run: nothing to violate
+            if "min" in bounds and value < bounds["min"]:
+                out.append(f"{tag} {value:.4g} {unit(tag)} < min {bounds['min']:g}")
+            if "max" in bounds and value > bounds["max"]:
+                out.append(f"{tag} {value:.4g} {unit(tag)} > max {bounds['max']:g}")
+        return out
+
+    def breaks_latency_limit(self, m: Measurement) -> bool:
+        return any(
+            "max" in b and tag.startswith("perf_latency") and (m.metric(tag) or 0) > b["max"]
+            for tag, b in self.constraints.items()
+        )
+
+    def score(self, m: Measurement, tags: set[str] | None = None) -> float:
+        total = 0.0
+        for tag, weight in self.weights.items():
+            if tags is not None and tag not in tags:
+                continue
+            value = m.metric(tag)
+            if value is None:
+                continue
+            sign = 1.0 if METRIC_DIRECTIONS.get(tag, True) else -1.0
+            total += weight * sign * math.log(max(value, 1e-9))
+        return total
+
+    def rank(self, results: list[ConfigResult]) -> list[ConfigResult]:
+        """Sets best/satisfies/score/rank on each result; returns them best first (failed last)."""
+        measured = [r for r in results if r.measurements]
+        everywhere = None
+        for r in measured:
+            for m in r.measurements:
+                present = {t for t in self.weights if m.metric(t) is not None}
+                everywhere = present if everywhere is None else everywhere & present
+        tags = everywhere or set()
+        for r in measured:
+            passing = [m for m in r.measurements if not self.violations(m)]
+            pool = passing or r.measurements
+            r.best = max(pool, key=lambda m: self.score(m, tags))
+            r.satisfies = bool(passing)
+            r.violations = [] if passing else self.violations(r.best)
+            r.score = self.score(r.best, tags)
+        ordered = sorted(measured, key=lambda r: (not r.satisfies, -r.score))
+        failed = [r for r in results if not r.measurements]
+        for i, r in enumerate(ordered, 1):
+            r.rank = i
+        return ordered + failed

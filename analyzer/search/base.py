@@ -1,0 +1,56 @@
+"""What a search strategy proposes and what it is told back (Optuna's ask/tell shape).
+
+Lifecycle: the profiler calls `ask()` for the next Trial -- a model-config variant (as the fields
+it changes) and one load point on it. It builds the variant, loads it, measures the point and calls
+`tell(trial, outcome)` before asking again; `ask()` returning None ends the search for that model.
+Strategies are pure: they never launch, load or measure anything themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One point to measure: `params` are the config fields the variant sets ({} = the model's own
+    config), `load` is "concurrency" or "request_rate" with its `value`, at client `batch_size`."""
+
+    params_json: str
+    load: str
+    value: int
+    batch_size: int = 1
+
+    @staticmethod
+    def make(params: dict[str, Any], load: str, value: int, batch_size: int = 1) -> Trial:
+        return Trial(json.dumps(params, sort_keys=True), load, value, batch_size)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return json.loads(self.params_json)
+
+
+@dataclass
+class Outcome:
+    """What the measurement of a Trial told: `ok` False when the variant failed to load or serve
+    (the strategy moves on to another variant); throughput in infer/s; whether the point broke a
+    latency limit (sweeps may stop there)."""
+
+    ok: bool
+    throughput: float = 0.0
+    breaks_latency_limit: bool = False
+    satisfies_constraints: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SearchStrategy(ABC):
+    @abstractmethod
+    def ask(self) -> Trial | None:
+        """The next point to measure, or None when the search is over."""
+
+    @abstractmethod
+    def tell(self, trial: Trial, outcome: Outcome) -> None:
+        """The result of the last trial asked."""

@@ -1,0 +1,155 @@
+"""Brute-force search: the default config, then every variant of the space, each over a load sweep.
+
+Order and early stops follow NVIDIA Model Analyzer's brute mode, plus the queue delay dimension:
+for each instance count, max_batch_size doubles from the lower cap, every queue delay is tried at
+each max_batch_size (delays only matter when a batch can hold two requests), and the doubling stops
+once the best throughput at a max_batch_size no longer beats every smaller one. Each variant's load
+sweep (powers of two) stops on MA's plateau rule, or -- with early exit -- at the first point
+that breaks a latency limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.search.base import Outcome, SearchStrategy, Trial
+from analyzer.search.space import SearchSpace, Sweep
+
+
+@dataclass
+class SearchLimits:
+    """The caps and fixed values of one model's search (from the profile settings)."""
+
+    model_max_batch_size: int  # the model's own max_batch_size; 0 = no batching
+    min_model_batch_size: int = 1
+    max_model_batch_size: int = 128
+    min_instance_count: int = 1
+    max_instance_count: int = 5
+    min_concurrency: int = 1
+    max_concurrency: int = 1024
+    min_request_rate: int = 16
+    max_request_rate: int = 8192
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    concurrency: list[int] = field(default_factory=list)  # fixed values: no sweep
+    request_rate: list[int] = field(default_factory=list)
+    request_rate_search: bool = False
+    search_disable: bool = False
+    early_exit: bool = False
+    manual: dict[str, Any] = field(default_factory=dict)  # model_config_parameters
+
+
+def expand_manual(value: Any) -> list[Any]:
+    """MA's model_config_parameters: a list of scalars (or of lists) is a choice; a list of
+    mappings is one structured value (e.g. instance_group) whose insides may hold choices."""
+    if isinstance(value, dict):
+        keys = list(value)
+        options = [expand_manual(value[k]) for k in keys]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*options)]
+    if isinstance(value, list):
+        if value and all(isinstance(v, dict) for v in value):
+            return [list(combo) for combo in itertools.product(*(expand_manual(v) for v in value))]
+        return list(value)
+    return [value]
+
+
+class BruteSearch(SearchStrategy):
+    def __init__(self, space: SearchSpace, limits: SearchLimits) -> None:
+        self.space = space
+        self.limits = limits
+        self._last: Outcome | None = None
+        self._walk = self._variants()
+        self._pending: Trial | None = None
+
+    def ask(self) -> Trial | None:
+        if self._pending is not None:
+            return self._pending
+        try:
+            self._pending = next(self._walk)
+        except StopIteration:
+            return None
+        return self._pending
+
+    def tell(self, trial: Trial, outcome: Outcome) -> None:
+        if trial != self._pending:
+            raise RuntimeError("tell() must answer the trial that ask() returned")
+        self._last = outcome
+        self._pending = None
+
+    # ---- walks (generators that read self._last after each yield) ---------------------------
+    def _variants(self) -> Generator[Trial, None, None]:
+        limits = self.limits
+        yield from self._sweep({}, limits.model_max_batch_size)
+        if limits.manual:
+            for option in expand_manual(limits.manual):
+                mbs = option.get("max_batch_size", limits.model_max_batch_size)
+                yield from self._sweep(option, int(mbs))
+            return
+        if limits.search_disable:
+            return
+        counts = self.space.instance_count.values(
+            limits.min_instance_count, limits.max_instance_count
+        )
+        for count in counts:
+            if limits.model_max_batch_size <= 0:  # no batching: only the instance count varies
+                yield from self._sweep({"instance_count": count}, 0)
+                continue
+            chain: list[float] = []
+            sizes = self.space.max_batch_size.values(
+                limits.min_model_batch_size, limits.max_model_batch_size
+            )
+            for mbs in sizes:
+                delays = self.space.queue_delays_us if mbs > 1 else self.space.queue_delays_us[:1]
+                best = 0.0
+                for delay in delays:
+                    params = {"instance_count": count, "max_batch_size": mbs,
+                              "max_queue_delay_microseconds": delay}  # fmt: skip
+                    best = max(best, (yield from self._sweep(params, mbs)))
+                if best <= 0:
+                    break  # every delay failed at this size: larger ones will not load either
+                chain.append(best)
+                if self.space.stop_when_not_better and any(best <= t for t in chain[:-1]):
+                    break
+
+    def _load_values(self) -> tuple[str, list[int], Sweep | None]:
+        limits = self.limits
+        if limits.request_rate:
+            return "request_rate", list(limits.request_rate), None
+        if limits.concurrency:
+            return "concurrency", list(limits.concurrency), None
+        if limits.request_rate_search:
+            sweep = self.space.request_rate
+            return "request_rate", sweep.values(limits.min_request_rate,
+                                                limits.max_request_rate), sweep  # fmt: skip
+        sweep = self.space.concurrency
+        return "concurrency", sweep.values(limits.min_concurrency, limits.max_concurrency), sweep
+
+    def _sweep(self, params: dict[str, Any], max_batch_size: int) -> Generator[Trial, None, float]:
+        """Every client batch size, each over the load sweep; returns the best throughput seen
+        (0 when the variant failed)."""
+        load, values, sweep = self._load_values()
+        best = 0.0
+        for batch in self.limits.batch_sizes:
+            if max_batch_size > 0 and batch > max_batch_size:
+                continue  # the server would refuse it
+            if max_batch_size <= 0 and batch > 1:
+                continue
+            seen: list[float] = []
+            for value in values:
+                yield Trial.make(params, load, value, batch)
+                outcome = self._last
+                assert outcome is not None
+                if not outcome.ok:
+                    return best
+                seen.append(outcome.throughput)
+                best = max(best, outcome.throughput)
+                if self.limits.early_exit and outcome.breaks_latency_limit:
+                    break
+                if sweep is not None and len(seen) >= sweep.plateau_window:
+                    recent = seen[-sweep.plateau_window :]
+                    first = recent[0]
+                    if first > 0 and (max(recent) - first) / first <= sweep.plateau_min_gain:
+                        break
+        return best

@@ -1,0 +1,212 @@
+"""The pure parts of `profile`: settings, search order and early stops, variants, ranking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analyzer.config.model_config import load_model_config, parse_model_config
+from analyzer.config.profile_config import ProfileConfigError, load_profile_config
+from analyzer.repository.variants import VariantError, default_variant, make_variant, write_variant
+from analyzer.results.measurement import Measurement
+from analyzer.results.ranking import ConfigResult, Ranker
+from analyzer.search.base import Outcome
+from analyzer.search.brute import BruteSearch, SearchLimits, expand_manual
+from analyzer.search.space import SearchSpaceError, load_search_space
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "model_repository"
+SEED = (
+    "--model-repository {repo} --profile-models add_sub --triton-launch-mode=local "
+    "--output-model-repository-path OUT --export-path EXP --override-output-model-repository "
+    "--run-config-search-max-concurrency 2 --run-config-search-max-model-batch-size 2 "
+    "--run-config-search-max-instance-count 2"
+)
+
+
+def test_seed_command_parses(tmp_path):
+    config = load_profile_config(SEED.format(repo=EXAMPLES).split(), cwd=tmp_path)
+    assert [m.name for m in config.models] == ["add_sub"]
+    assert config.override_output_model_repository is True
+    assert config.triton_launch_mode == "local"
+    assert config.run_config_search_max_concurrency == 2
+    assert config.output_repository == tmp_path / "OUT"
+    assert config.checkpoints == tmp_path / "EXP" / "checkpoints"
+    assert config.objectives == {"perf_throughput": 10.0}
+    assert config.run_config_search_max_instance_count == 2
+    assert config.client_protocol == "grpc"  # MA's default
+
+
+def test_yaml_then_command_line(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        f"model_repository: {EXAMPLES}\n"
+        "profile_models:\n"
+        "  tiny_cnn:\n"
+        "    parameters: {concurrency: [1, 4], batch_sizes: 2}\n"
+        "    constraints: {perf_latency_p99: {max: 20}}\n"
+        "    perf_analyzer_flags: {measurement-interval: 500}\n"
+        "  add_sub: {}\n"
+        "run_config_search_max_concurrency: 64\n"
+        "latency_budget: 50\n"
+        "objectives: {perf_throughput: 10, perf_latency_p99: 5}\n"
+        "perf_analyzer_path: /usr/bin/perf_analyzer\n"
+    )
+    config = load_profile_config(
+        ["-f", str(tmp_path / "c.yaml"), "--run-config-search-max-concurrency", "8"], cwd=tmp_path
+    )
+    assert config.run_config_search_max_concurrency == 8  # the command line wins
+    tiny, add_sub = config.models
+    assert tiny.concurrency == [1, 4] and tiny.batch_sizes == [2]
+    assert tiny.constraints == {"perf_latency_p99": {"max": 20.0}}  # per-model replaces global
+    assert add_sub.constraints == {"perf_latency_p99": {"max": 50.0}}  # latency_budget
+    assert add_sub.objectives == {"perf_throughput": 10.0, "perf_latency_p99": 5.0}
+    assert tiny.perf_analyzer_flags == {"measurement-interval": 500}
+    assert any("perf_analyzer_path" in note for note in config.notes)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "argv", "needle"),
+    [
+        ("profile_modles: [a]\n", [], "key 'profile_modles' is not a profile setting"),
+        ("profile_models: [a]\nrun_config_search_max_concurrency: lots\n", [],
+         "'run_config_search_max_concurrency' is 'lots'"),
+        ("profile_models: [a]\nobjectives: {perf_speed: 1}\n", [], "objective 'perf_speed'"),
+        ("profile_models: [a]\nconstraints: {perf_latency_p99: 5}\n", [],
+         "constraint 'perf_latency_p99' is 5"),
+        ("profile_models: {a: {paramters: {}}}\n", [], "key 'paramters' is unknown"),
+        ("profile_models: [a]\n", ["--triton-launch-mode", "kubernetes"],
+         "'triton_launch_mode' is 'kubernetes'"),
+        ("profile_models: [a]\n", ["--run-config-search-min-concurrency", "8",
+                                   "--run-config-search-max-concurrency", "2"],
+         "run_config_search_min_concurrency (8)"),
+        ("profile_models: [a]\n", ["--batch-sizes", "1,x"], "'batch_sizes' has 'x'"),
+        ("profile_models: [a]\n", ["--no-such-flag", "1"], "unrecognized arguments"),
+        ("a: [1\n", [], "is not valid YAML at line"),
+    ],
+)  # fmt: skip
+def test_bad_settings_name_the_key(tmp_path, yaml_text, argv, needle):
+    (tmp_path / "c.yaml").write_text(f"model_repository: {EXAMPLES}\n" + yaml_text)
+    with pytest.raises(ProfileConfigError) as err:
+        load_profile_config(["-f", str(tmp_path / "c.yaml"), *argv], cwd=tmp_path)
+    assert needle in str(err.value)
+
+
+def _walk(search, throughput):
+    trials = []
+    while (trial := search.ask()) is not None:
+        trials.append(trial)
+        search.tell(trial, Outcome(ok=True, throughput=throughput(trial)))
+    return trials
+
+
+def test_brute_order_for_the_seed_caps():
+    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=2, max_instance_count=2,
+                          max_concurrency=2)  # fmt: skip
+    trials = _walk(BruteSearch(load_search_space(), limits), lambda t: 100.0 + t.value)
+    configs = list(dict.fromkeys(t.params_json for t in trials))
+    assert trials[0].params == {} and len(trials) == 2 * len(configs)
+    # default + per instance count: mbs 1 (one delay) + mbs 2 x 3 delays
+    assert len(configs) == 1 + 2 * (1 + 3)
+    assert {t.value for t in trials} == {1, 2}
+
+
+def test_max_batch_size_doubling_stops_when_not_better():
+    limits = SearchLimits(model_max_batch_size=64, max_model_batch_size=64, max_instance_count=1,
+                          concurrency=[4])  # fmt: skip
+    # throughput grows to mbs 4 then falls: 8 is measured, 16 is not
+    trials = _walk(BruteSearch(load_search_space(), limits),
+                   lambda t: {1: 10, 2: 20, 4: 40, 8: 30}.get(t.params.get("max_batch_size"), 5))
+    sizes = {t.params.get("max_batch_size") for t in trials if t.params}
+    assert sizes == {1, 2, 4, 8}
+
+
+def test_concurrency_plateau_rule_and_client_batch_cap():
+    limits = SearchLimits(model_max_batch_size=4, max_model_batch_size=1, max_instance_count=1,
+                          max_concurrency=1024, batch_sizes=[1, 8])  # fmt: skip
+    trials = _walk(BruteSearch(load_search_space(), limits),
+                   lambda t: min(t.value, 8) * 100.0)  # saturates at concurrency 8
+    default = [t for t in trials if not t.params]
+    assert [t.value for t in default] == [1, 2, 4, 8, 16, 32, 64]  # 8..64 gain < 5%: stop
+    assert all(t.batch_size == 1 for t in trials)  # batch 8 > max_batch_size 4 (and 1)
+
+
+def test_failed_variant_stops_its_sweep():
+    limits = SearchLimits(model_max_batch_size=0, max_instance_count=2, max_concurrency=8)
+    search = BruteSearch(load_search_space(), limits)
+    asked = []
+    while (trial := search.ask()) is not None:
+        asked.append(trial)
+        search.tell(trial, Outcome(ok=trial.params.get("instance_count") != 1, throughput=50.0))
+    failed = [t for t in asked if t.params.get("instance_count") == 1]
+    assert len(failed) == 1
+    assert {t.params.get("instance_count") for t in asked} == {None, 1, 2}
+
+
+def test_manual_model_config_parameters_expand():
+    options = expand_manual({
+        "max_batch_size": [4, 8],
+        "dynamic_batching": {"max_queue_delay_microseconds": [100, 200]},
+        "instance_group": [{"kind": "KIND_CPU", "count": [1, 2]}],
+    })  # fmt: skip
+    assert len(options) == 8
+    assert {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 200},
+            "instance_group": [{"kind": "KIND_CPU", "count": 2}]} in options  # fmt: skip
+
+
+def test_search_space_file_errors(tmp_path):
+    bad = tmp_path / "space.yaml"
+    bad.write_text("dynamic_batching: {max_queue_delay_microseconds: [-5]}\n")
+    with pytest.raises(SearchSpaceError, match="max_queue_delay_microseconds"):
+        load_search_space(bad)
+    bad.write_text("concurrency: {scale: cubic}\n")
+    with pytest.raises(SearchSpaceError, match="concurrency.scale"):
+        load_search_space(bad)
+
+
+def test_variants_are_made_from_the_message(tmp_path):
+    base = load_model_config(EXAMPLES / "add_sub" / "config.pbtxt")
+    variant = make_variant(base, {"instance_count": 2, "max_batch_size": 4,
+                                  "max_queue_delay_microseconds": 200}, cpu_only=True)  # fmt: skip
+    assert variant.max_batch_size == 4
+    assert [(g.count, g.kind) for g in variant.instance_group] == [(2, 2)]  # KIND_CPU
+    assert variant.dynamic_batching.max_queue_delay_microseconds == 200
+    assert base.max_batch_size == 8  # the original is untouched
+    manual = make_variant(base, {"dynamic_batching": {"preferred_batch_size": [2, 4]}}, True)
+    assert list(manual.dynamic_batching.preferred_batch_size) == [2, 4]
+    with pytest.raises(VariantError, match="preferred_batch_size 4 is larger"):
+        make_variant(manual, {"max_batch_size": 2}, True)
+    with pytest.raises(VariantError, match="'colour' is not a field"):
+        make_variant(base, {"colour": "red"}, True)
+    write_variant(EXAMPLES / "add_sub", variant, tmp_path / "add_sub_config_0")
+    written = load_model_config(tmp_path / "add_sub_config_0" / "config.pbtxt")
+    assert written.name == "add_sub_config_0" and written.max_batch_size == 4
+    assert (tmp_path / "add_sub_config_0" / "1" / "model.py").exists()
+
+
+def test_gpu_instances_become_cpu_without_a_gpu():
+    config = parse_model_config(
+        'name: "m" backend: "python" instance_group [ { kind: KIND_GPU count: 2 gpus: [0] } ]'
+    )
+    fixed = default_variant(config, cpu_only=True)
+    assert [(g.count, g.kind, list(g.gpus)) for g in fixed.instance_group] == [(2, 2, [])]
+
+
+def _m(name, throughput, p99):
+    return Measurement("m", name, "concurrency", 1, 1,
+                       {"perf_throughput": throughput, "perf_latency_p99": p99})  # fmt: skip
+
+
+def test_ranking_honours_constraints_and_weights():
+    fast_slow = ConfigResult("m", "m_config_0", {}, {}, "", "", measurements=[_m("a", 900, 80)])
+    ok = ConfigResult("m", "m_config_1", {}, {}, "", "",
+                      measurements=[_m("b", 500, 9), _m("b", 700, 30)])  # fmt: skip
+    failed = ConfigResult("m", "m_config_2", {}, {}, "", "", error="load failed")
+    ranker = Ranker({"perf_throughput": 1}, {"perf_latency_p99": {"max": 40}})
+    ranked = ranker.rank([fast_slow, ok, failed])
+    assert [r.name for r in ranked] == ["m_config_1", "m_config_0", "m_config_2"]
+    assert ok.best.metrics["perf_throughput"] == 700 and ok.satisfies
+    assert not fast_slow.satisfies and "perf_latency_p99 80 ms > max 40" in fast_slow.violations[0]
+    # with latency weighted in, the 9 ms point wins inside config 1
+    Ranker({"perf_throughput": 1, "perf_latency_p99": 1}, {}).rank([ok])
+    assert ok.best.metrics["perf_latency_p99"] == 9
