@@ -10,6 +10,7 @@ only what is missing (no worker is even started when nothing is).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -203,7 +204,7 @@ class Profiler:
         spec = model.spec
         cpu_only = spec.cpu_only or not use_gpu
         settings, options = self._settings(spec)
-        fingerprint = json.dumps([options.protocol, options.input_data, options.distribution,
+        fingerprint = json.dumps([spec.name, _files_digest(source.path), options.protocol, options.input_data, options.distribution,
                                   sorted(options.shapes.items()), options.string_length,
                                   settings.mode, settings.window_ms, settings.request_count,
                                   settings.stability_pct, settings.max_trials,
@@ -413,3 +414,13 @@ class Profiler:
             self.client = None
         if self.launcher is not None:
             self.launcher.stop()
+
+
+def _files_digest(folder: Path) -> str:
+    """Identity of a model's files (path, size, mtime): a changed model is measured afresh."""
+    entries = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.name != "config.pbtxt":
+            stat = path.stat()
+            entries.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]

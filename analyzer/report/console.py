@@ -115,9 +115,12 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         table = Table(title=f"Top configs of {model.spec.name} (objectives: "
                       + ", ".join(f"{t} x{w:g}" for t, w in model.spec.objectives.items())
                       + ")")  # fmt: skip
-        for col in ("rank", "config", "instances", "max batch", "queue delay (us)", "load",
-                    "throughput (infer/s)", "p99 (ms)", "vs default", "constraints"):
-            table.add_column(col, justify="right" if col not in ("config",) else "left")
+        for col in ("rank", "config", "instances", "max batch", "delay us", "load", "infer/s",
+                    "p99 ms", "vs default", "constraints"):
+            if col == "config":
+                table.add_column(col, no_wrap=True)
+            else:
+                table.add_column(col, justify="right")
         base = _throughput(default)
         for r in top:
             m = r.best
@@ -168,11 +171,11 @@ def recommendation(winner: ConfigResult, default: ConfigResult | None) -> str:
         f"p99 latency {m.metrics['perf_latency_p99']:.3f} ms"
     )
     base = _throughput(default)
-    if default is not None and base and winner is not default:
+    if default is not None and base:
         text += (f", {m.metrics['perf_throughput'] / base:.2f}x the default config's "
                  f"{base:.1f} infer/s")  # fmt: skip
-    elif winner is default:
-        text += " (the default config is the best)"
+        if winner is default:
+            text += " (the default config is the best)"
     if not winner.satisfies:
         text += f" [yellow](no config satisfies the constraints: {'; '.join(winner.violations)})[/]"
     return text + "."

@@ -1,0 +1,209 @@
+"""`model-analyzer profile` end to end: real worker, real load, real files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from analyzer.config.model_config import load_model_config
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "model_repository"
+SEED = [
+    "--model-repository", str(EXAMPLES), "--profile-models", "add_sub",
+    "--triton-launch-mode=local", "--output-model-repository-path", "OUT", "--export-path", "EXP",
+    "--override-output-model-repository", "--run-config-search-max-concurrency", "2",
+    "--run-config-search-max-model-batch-size", "2", "--run-config-search-max-instance-count", "2",
+]  # fmt: skip
+FAST = ["--measurement-interval", "300", "--max-trials", "3"]
+
+
+def profile(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer", "profile", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "COLUMNS": "160"},
+    )  # fmt: skip
+
+
+def workers_serving(out: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "serve" in cmd and str(out) in cmd:
+            found.append(proc)
+    return found
+
+
+def results(exp: Path) -> dict:
+    return json.loads((exp / "results" / "profile_results.json").read_text())
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_seed_command(tmp_path):
+    run = profile(tmp_path, *SEED)
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = " ".join(run.stdout.split())  # rich wraps long lines
+    assert "Best config for add_sub: add_sub_config_" in text
+    assert "x the default config's" in text
+    out, exp = tmp_path / "OUT", tmp_path / "EXP"
+    assert (out / "add_sub_config_default" / "config.pbtxt").exists()
+    variants = sorted(p for p in out.iterdir() if p.name != "add_sub_config_default")
+    assert len(variants) >= 2
+    searched = set()
+    for folder in variants:
+        config = load_model_config(folder / "config.pbtxt")  # Triton's schema
+        assert config.name == folder.name
+        assert (folder / "1" / "model.py").exists()  # ready to serve
+        searched.add((config.max_batch_size, config.instance_group[0].count,
+                      config.dynamic_batching.max_queue_delay_microseconds))  # fmt: skip
+    assert len(searched) == len(variants)  # each differs in the searched fields
+    rows = read_csv(exp / "results" / "metrics-model-inference.csv")
+    for column in ("Model", "Batch", "Concurrency", "Model Config Path", "Instance Group",
+                   "Max Batch Size", "Satisfies Constraints", "Throughput (infer/sec)",
+                   "p99 Latency (ms)", "Server Queue time (ms)",
+                   "Server Compute Infer time (ms)"):  # fmt: skip
+        assert column in rows[0]
+    assert {r["Concurrency"] for r in rows} == {"1", "2"}
+    assert len(rows) == results(exp)["stats"]["measured"]
+    gpu = (exp / "results" / "metrics-model-gpu.csv").read_text().splitlines()
+    assert gpu[0].startswith("Model,GPU UUID,Batch,Concurrency")
+    server = (exp / "results" / "metrics-server-only.csv").read_text().splitlines()
+    assert server[0] == "Model,GPU UUID,GPU Memory Usage (MB),GPU Utilization (%),GPU Power Usage (W)"
+    assert (exp / "logs" / "worker.log").exists()
+    assert not workers_serving(out)
+
+
+def test_sigkill_then_rerun_resumes_without_measuring_twice(tmp_path):
+    args = [*SEED[:-6], "--run-config-search-max-model-batch-size", "2",
+            "--run-config-search-max-instance-count", "1", "-c", "1,2", *FAST]  # fmt: skip
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    run = profile(whole, *args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    total = results(whole / "EXP")["stats"]["measured"]
+
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "profile", *args], cwd=cut,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    checkpoint = cut / "EXP" / "checkpoints" / "profile.ckpt.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        text = checkpoint.read_text() if checkpoint.exists() else ""
+        if text.count('"type": "point"') >= 3:
+            break
+        assert process.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    before = checkpoint.read_text().count('"type": "point"')
+    assert 3 <= before < total
+    for _ in range(100):  # the worker follows its parent (PR_SET_PDEATHSIG)
+        if not workers_serving(cut / "OUT"):
+            break
+        time.sleep(0.1)
+    assert not workers_serving(cut / "OUT")
+
+    rerun = profile(cut, *args)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    stats = results(cut / "EXP")["stats"]
+    assert stats["reused"] == before
+    assert before + stats["measured"] == total
+    points = [(c["name"], m["value"]) for c in results(cut / "EXP")["models"][0]["configs"]
+              for m in c["measurements"]]  # fmt: skip
+    assert len(points) == len(set(points)) == total
+
+
+def test_latency_constraint_is_honoured_on_the_torchscript_example(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("dynamic_batching: {max_queue_delay_microseconds: [0]}\n")
+    budget = 10.0
+    run = profile(
+        tmp_path, "--model-repository", str(EXAMPLES), "--profile-models", "tiny_cnn",
+        "--output-model-repository-path", "OUT", "--export-path", "EXP",
+        "--run-config-search-max-instance-count", "1", "--run-config-search-max-model-batch-size",
+        "4", "-c", "1,32", "--latency-budget", str(budget), "--search-space", str(space),
+        "--client-protocol", "http", *FAST,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = " ".join(run.stdout.split())  # rich wraps long lines
+    assert "Best config for tiny_cnn" in text and "x the default config's" in text
+    document = results(tmp_path / "EXP")
+    configs = [c for c in document["models"][0]["configs"] if c["measurements"]]
+    winner = min(configs, key=lambda c: c["rank"])
+    assert winner["satisfies_constraints"]
+    assert winner["best"]["metrics"]["perf_latency_p99"] <= budget
+    rows = read_csv(tmp_path / "EXP" / "results" / "metrics-model-inference.csv")
+    for row in rows:
+        expected = "Yes" if float(row["p99 Latency (ms)"]) <= budget else "No"
+        assert row["Satisfies Constraints"] == expected
+    assert any(r["Satisfies Constraints"] == "No" for r in rows)  # concurrency 32 breaks it
+
+
+def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    shutil.copytree(EXAMPLES / "add_sub", repo / "broken")
+    config = (repo / "broken" / "config.pbtxt").read_text().replace('"add_sub"', '"broken"')
+    (repo / "broken" / "config.pbtxt").write_text(config)
+    (repo / "broken" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise RuntimeError('weights file is missing')\n"
+    )
+    run = profile(
+        tmp_path, "--model-repository", str(repo), "--profile-models", "broken,add_sub,missing",
+        "--output-model-repository-path", "OUT", "--export-path", "EXP", "-c", "1",
+        "--run-config-search-max-instance-count", "1", "--run-config-search-max-model-batch-size",
+        "1", *FAST,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    document = {m["name"]: m for m in results(tmp_path / "EXP")["models"]}
+    assert "is not in repository" in document["missing"]["error"]
+    broken = document["broken"]["configs"]
+    assert broken and all("weights file is missing" in c["error"] for c in broken)
+    assert any(c["measurements"] for c in document["add_sub"]["configs"])
+    assert "weights file is missing" in " ".join(run.stdout.split())
+
+
+def test_existing_output_repository_is_refused(tmp_path):
+    (tmp_path / "OUT" / "keep").mkdir(parents=True)
+    run = profile(tmp_path, *[a for a in SEED if a != "--override-output-model-repository"])
+    assert run.returncode == 2
+    assert "already exists; pass --override-output-model-repository" in run.stderr
+    assert (tmp_path / "OUT" / "keep").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--profile-models", "add_sub", "--triton-launch-mode", "docker"],
+         "triton_launch_mode 'docker' is not available"),
+        (["--profile-models", "add_sub", "--run-config-search-max-concurrency", "x"],
+         "'run_config_search_max_concurrency' is 'x'"),
+        (["--profile-models", "add_sub", "--model-repository", "/no/such/repo"],
+         "model repository '/no/such/repo' does not exist"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_clear_error(tmp_path, args, needle):
+    run = profile(tmp_path, "--model-repository", str(EXAMPLES), *args, timeout=60)
+    assert run.returncode == 2
+    assert needle in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
