@@ -168,6 +168,7 @@ class Profiler:
                     self.listener("model_failed", {"model": spec.name, "error": model.error})
                     continue
                 self._profile_model(model, source, space, checkpoint, use_gpu)
+                self.listener("model_done", {"model": spec.name})
         finally:
             self._shutdown()
         for model in self.outcome.models:
@@ -204,7 +205,8 @@ class Profiler:
         spec = model.spec
         cpu_only = spec.cpu_only or not use_gpu
         settings, options = self._settings(spec)
-        fingerprint = json.dumps([spec.name, _files_digest(source.path), options.protocol, options.input_data, options.distribution,
+        fingerprint = json.dumps([spec.name, _files_digest(source.path), options.protocol,
+                                  options.input_data, options.distribution,
                                   sorted(options.shapes.items()), options.string_length,
                                   settings.mode, settings.window_ms, settings.request_count,
                                   settings.stability_pct, settings.max_trials,

@@ -1,86 +1,68 @@
-"""`make demo`: serve the bundled examples, run inferences through both protocols, print results.
+"""`make demo`: profile the bundled examples with a capped search, then serve a winner.
 
-Until `model-analyzer profile` lands, this is the main job end to end: a real worker process, the
-real Triton clients, and the worker's own statistics for what happened server-side.
+This is the main job end to end: `model-analyzer profile` searches instance count, max batch size
+and dynamic-batching queue delay for both example models over a concurrency sweep, ranks the
+configs and writes them to ./output_models; the demo then serves the TorchScript winner from
+there with `model-analyzer serve` and runs one inference on it with NVIDIA's tritonclient.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from rich.console import Console
-from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
 from serving import EXAMPLES, start_worker  # noqa: E402
 
-console = Console()
+OUT = ROOT / "output_models"
+EXPORT = ROOT / "results" / "demo"
+COMMAND = [
+    "model-analyzer", "profile",
+    "--model-repository", str(EXAMPLES.relative_to(ROOT)),
+    "--profile-models", "tiny_cnn,add_sub",
+    "--output-model-repository-path", str(OUT.relative_to(ROOT)),
+    "--export-path", str(EXPORT.relative_to(ROOT)),
+    "--override-output-model-repository",
+    "--run-config-search-max-concurrency", "4",
+    "--run-config-search-max-model-batch-size", "4",
+    "--run-config-search-max-instance-count", "2",
+    "--client-protocol", "http",
+    "--measurement-interval", "500",
+]  # fmt: skip
 
-
-def add_sub(client_module, client) -> np.ndarray:
-    a = np.arange(8, dtype=np.float32).reshape(2, 4)
-    b = np.ones((2, 4), np.float32)
-    inputs = [client_module.InferInput(n, [2, 4], "FP32") for n in ("INPUT0", "INPUT1")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    result = client.infer("add_sub", inputs)
-    assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
-    assert np.array_equal(result.as_numpy("OUTPUT1"), a - b)
-    return result.as_numpy("OUTPUT0")
-
-
-def tiny_cnn_load(address: str, seconds: float = 3.0, concurrency: int = 8) -> float:
-    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
-
-    def loop() -> int:
-        client = httpclient.InferenceServerClient(address)
-        inp = httpclient.InferInput("INPUT__0", [1, 3, 32, 32], "FP32")
-        inp.set_data_from_numpy(x)
-        n, end = 0, time.monotonic() + seconds
-        while time.monotonic() < end:
-            client.infer("tiny_cnn", [inp])
-            n += 1
-        client.close()
-        return n
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        total = sum(pool.map(lambda _: loop(), range(concurrency)))
-    return total / seconds
+console = Console(highlight=False)
 
 
 def main() -> int:
-    console.print(f"[bold]Serving[/] {EXAMPLES}")
-    served = start_worker(EXAMPLES)
+    console.print("[bold]$ " + " ".join(COMMAND) + "[/]")
+    cmd = [sys.executable, "-m", "analyzer", *COMMAND[1:]]
+    env = dict(os.environ)
+    if not sys.stdout.isatty():
+        env.setdefault("COLUMNS", "120")  # logs: room for the ranked table
+    run = subprocess.run(cmd, cwd=ROOT, env=env)
+    if run.returncode != 0:
+        return run.returncode
+    document = json.loads((EXPORT / "results" / "profile_results.json").read_text())
+    tiny = next(m for m in document["models"] if m["name"] == "tiny_cnn")
+    winner = tiny["top"][0]
+    console.print(f"\n[bold]Serving the winner {winner} from {OUT.relative_to(ROOT)}[/]")
+    served = start_worker(OUT, "--model-control-mode", "explicit", "--load-model", winner)
     try:
-        console.print(served.output[-1].strip(), markup=False)
-        http = httpclient.InferenceServerClient(served.http)
-        grpc = grpcclient.InferenceServerClient(served.grpc)
-        console.print("add_sub over HTTP:", add_sub(httpclient, http).tolist())
-        console.print("add_sub over gRPC:", add_sub(grpcclient, grpc).tolist())
-        rate = tiny_cnn_load(served.http)
-        console.print(f"tiny_cnn, 8 concurrent HTTP clients for 3 s: {rate:.0f} infer/s")
-        table = Table(title="Server-side statistics")
-        for col in ("model", "requests", "executions", "avg queue µs", "avg compute µs"):
-            table.add_column(col, justify="right")
-        for stat in http.get_inference_statistics()["model_stats"]:
-            s = stat["inference_stats"]
-            n = max(s["success"]["count"], 1)
-            table.add_row(
-                stat["name"],
-                str(s["success"]["count"]),
-                str(stat["execution_count"]),
-                f"{s['queue']['ns'] / n / 1000:.0f}",
-                f"{s['compute_infer']['ns'] / n / 1000:.0f}",
-            )
-        console.print(table)
-        http.close()
-        grpc.close()
+        client = httpclient.InferenceServerClient(served.http)
+        x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+        inp = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        scores = client.infer(winner, [inp]).as_numpy("OUTPUT__0")
+        console.print(f"{winner} answered tritonclient: class scores {np.round(scores[0], 3)}")
+        client.close()
     finally:
         served.stop()
     return 0

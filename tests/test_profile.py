@@ -83,7 +83,9 @@ def test_the_seed_command(tmp_path):
     gpu = (exp / "results" / "metrics-model-gpu.csv").read_text().splitlines()
     assert gpu[0].startswith("Model,GPU UUID,Batch,Concurrency")
     server = (exp / "results" / "metrics-server-only.csv").read_text().splitlines()
-    assert server[0] == "Model,GPU UUID,GPU Memory Usage (MB),GPU Utilization (%),GPU Power Usage (W)"
+    assert server[0] == (
+        "Model,GPU UUID,GPU Memory Usage (MB),GPU Utilization (%),GPU Power Usage (W)"
+    )
     assert (exp / "logs" / "worker.log").exists()
     assert not workers_serving(out)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -62,6 +63,11 @@ class ProgressDisplay:
         if event == "worker_start":
             self.console.print("[dim]starting the worker ...[/]")
             return
+        if event == "model_done":
+            if data["model"] in self.tasks:
+                self.progress.update(self.tasks[data["model"]], total=1, completed=1,
+                                     description="done")  # fmt: skip
+            return
         if event == "model_failed":
             self.console.print(f"[red]{data['model']}: {data['error']}[/]")
             return
@@ -112,11 +118,11 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         top = measured[: max(c.num_configs_per_model, 1)]
         if default is not None and default.measurements and default not in top:
             top.append(default)
-        table = Table(title=f"Top configs of {model.spec.name} (objectives: "
+        table = Table(box=box.SIMPLE_HEAD, title=f"Top configs of {model.spec.name} (objectives: "
                       + ", ".join(f"{t} x{w:g}" for t, w in model.spec.objectives.items())
                       + ")")  # fmt: skip
         for col in ("rank", "config", "instances", "max batch", "delay us", "load", "infer/s",
-                    "p99 ms", "vs default", "constraints"):
+                    "p99 ms", "vs default", "meets constraints"):
             if col == "config":
                 table.add_column(col, no_wrap=True)
             else:
@@ -132,9 +138,12 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
                 str(r.description["max_batch_size"]), "-" if delay is None else str(delay),
                 f"{_load_label(m.load, m.value)} b={m.batch_size}",
                 f"{m.metrics['perf_throughput']:.1f}", f"{m.metrics['perf_latency_p99']:.3f}",
-                ratio, "ok" if r.satisfies else "[yellow]" + "; ".join(r.violations) + "[/]",
+                ratio, "yes" if r.satisfies else "[yellow]no[/]",
             )  # fmt: skip
         console.print(table)
+        for r in top:
+            if r.violations:
+                console.print(f"  [yellow]{r.name} breaks {'; '.join(r.violations)}[/]")
         if len(measured) > len(top):
             console.print(f"  ... and {len(measured) - len(top)} more configs in the CSV")
         winner = measured[0] if measured else None
