@@ -210,3 +210,20 @@ def test_ranking_honours_constraints_and_weights():
     # with latency weighted in, the 9 ms point wins inside config 1
     Ranker({"perf_throughput": 1, "perf_latency_p99": 1}, {}).rank([ok])
     assert ok.best.metrics["perf_latency_p99"] == 9
+
+
+def test_checkpoint_survives_a_torn_last_line(tmp_path):
+    from analyzer.results.checkpoint import Checkpoint, point_key
+
+    store = Checkpoint(tmp_path)
+    key = point_key("cfg", "concurrency", 4, 1, "s")
+    store.record_point(key, _m("m_config_0", 100, 2))
+    store.record_failure("k2", "failed to load")
+    with store.path.open("a") as f:
+        f.write('{"type": "point", "key": "torn", "measurem')  # SIGKILL mid-write
+    again = Checkpoint(tmp_path)
+    assert again.resumed and set(again.points) == {key}
+    assert again.points[key].metrics["perf_throughput"] == 100
+    assert again.failures == {"k2": "failed to load"}
+    again.record_point("k3", _m("m_config_1", 50, 3))  # appends after the torn line stay readable
+    assert set(Checkpoint(tmp_path).points) == {key, "k3"}

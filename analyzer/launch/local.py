@@ -42,11 +42,13 @@ class LocalLauncher(Launcher):
         log_path: Path,
         extra_flags: dict[str, object] | None = None,
         startup_timeout_s: float = 120.0,
+        cpus: str = "",
     ) -> None:
         self.repository = repository
         self.log_path = log_path
         self.extra_flags = extra_flags or {}
         self.startup_timeout_s = startup_timeout_s
+        self.cpus = cpus  # taskset CPU list for the worker ("" = inherit)
         self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
         self.http_url = f"127.0.0.1:{self.ports['http']}"
         self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
@@ -66,7 +68,7 @@ class LocalLauncher(Launcher):
         ]  # fmt: skip
         for key, value in self.extra_flags.items():
             cmd.append(f"--{str(key).replace('_', '-')}={value}")
-        return cmd
+        return ["taskset", "-c", self.cpus, *cmd] if self.cpus else cmd
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,13 @@ class Checkpoint:
             self._read()
 
     def _read(self) -> None:
-        for line in self.path.read_text(errors="replace").splitlines():
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):  # torn by a crash: drop it so appends stay lines
+            keep = data.rfind(b"\n") + 1
+            with self.path.open("r+b") as f:
+                f.truncate(keep)
+            data = data[:keep]
+        for line in data.decode(errors="replace").splitlines():
             try:
                 entry = json.loads(line)
             except ValueError:
