@@ -3,7 +3,8 @@
 One worker and one load generator serve the whole run: variants are loaded into the running worker
 through the repository API (each variant's instances are created fresh on load and destroyed on
 unload, so nothing of the previous variant stays), and the load generator's processes and
-connections move from variant to variant. The worker is restarted only when it died. Every point
+connections move from variant to variant. The worker is restarted when it died, and between
+variants when a memory metric is an objective or constraint (allocators keep freed memory). Every point
 goes to the checkpoint the moment it is measured; a rerun replays the search from it and measures
 only what is missing (no worker is even started when nothing is).
 """
@@ -73,6 +74,8 @@ class ProfileOutcome:
     kind: str = "CPU"
 
 
+MEMORY_TAGS = {"gpu_used_memory", "gpu_free_memory", "cpu_used_ram", "cpu_available_ram"}
+
 Listener = Callable[[str, dict[str, Any]], None]  # (event, data) for progress displays
 
 
@@ -86,6 +89,7 @@ class Profiler:
         self.loaded: str | None = None
         self.payload_key: tuple | None = None
         self.outcome = ProfileOutcome(config, [])
+        self.fresh_worker_per_variant = False
 
     # ---- set-up ---------------------------------------------------------------------------------
     def _check_modes(self) -> None:
@@ -212,6 +216,10 @@ class Profiler:
                                   settings.stability_pct, settings.max_trials,
                                   settings.percentile])  # fmt: skip
         ranker = Ranker(spec.objectives, spec.constraints)
+        # Unloading frees a variant's instances, but allocators keep some memory (torch's CUDA
+        # cache, glibc arenas): when memory is ranked on, each variant gets a fresh worker.
+        self.fresh_worker_per_variant = bool(MEMORY_TAGS & (set(spec.objectives)
+                                                            | set(spec.constraints)))  # fmt: skip
         search = BruteSearch(space, self._limits(spec, source))
         variants: dict[str, ConfigResult | None] = {}
         current: ConfigResult | None = None
@@ -407,6 +415,8 @@ class Profiler:
             pass  # a worker that cannot unload is restarted by the next load if it died
         self.loaded = None
         self.payload_key = None
+        if self.fresh_worker_per_variant:
+            self.launcher.stop()  # started again, clean, by the next measurement
 
     def _shutdown(self) -> None:
         for sampler in self.samplers.values():

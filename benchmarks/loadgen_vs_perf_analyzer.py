@@ -1,12 +1,14 @@
 """Embedded load generator (`model-analyzer perf`) vs NVIDIA perf_analyzer 2.41.0, side by side.
 
-    .venv/bin/python benchmarks/loadgen_vs_perf_analyzer.py [--parts agreement,capacity]
+    .venv/bin/python benchmarks/loadgen_vs_perf_analyzer.py [--parts agreement,matched,capacity]
         [--pairs 3] [--concurrency 1,4,16] [--protocol http]
 
 (a) agreement: the TorchScript example tiny_cnn on one worker; for each concurrency the two tools
     run alternately (A B, B A, ...), each as a fresh command with its defaults (perf_analyzer:
     5 s time windows, 10% stability; ours: adaptive); ratios ours/perf_analyzer of throughput and
     of p50 latency per pair. Target: medians within +-10%.
+    With --parts matched, both get the same three 1.5 s windows (ours in time_windows mode): this
+    compares the instruments alone, with short alternations that the machine's drift affects less.
 (c) cost: in the same runs, wall time of each command to its stable point (process start to exit),
     ratio ours/perf_analyzer. Target <= 1/3.
 (b) capacity: a trivial ONNX add/mul model; each tool is asked for rising request rates (x1.25
@@ -75,9 +77,16 @@ def med(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f})"
 
 
-def agreement(address: str, protocol: str, levels: list[int], pairs: int, tmp: Path) -> None:
-    print(f"(a) agreement and (c) cost: tiny_cnn, {protocol}, worker on CPU {SERVER_CPU}, "
-          f"clients on CPU {CLIENT_CPU}", flush=True)  # fmt: skip
+MATCHED = ["-p", "1500", "-s", "1000", "-r", "3"]  # three 1.5 s windows, always accepted
+
+
+def agreement(
+    address: str, protocol: str, levels: list[int], pairs: int, tmp: Path, matched: bool = False
+) -> None:
+    what = ("matched windows (both: 3 x 1.5 s, ours in time_windows mode)" if matched
+            else "each tool's defaults")  # fmt: skip
+    print(f"(a) agreement{'' if matched else ' and (c) cost'}: tiny_cnn, {protocol}, {what}, "
+          f"worker on CPU {SERVER_CPU}, clients on CPU {CLIENT_CPU}", flush=True)  # fmt: skip
     common = ["-m", "tiny_cnn", "-u", address, "-i", protocol]
     run_tool("ours", [*common, "--concurrency-range", "4"], tmp / "warm.csv")  # warm-up
     all_cost: list[float] = []
@@ -89,8 +98,12 @@ def agreement(address: str, protocol: str, levels: list[int], pairs: int, tmp: P
             order = ("perf_analyzer", "ours") if i % 2 == 0 else ("ours", "perf_analyzer")
             got = {}
             for tool in order:
+                extra = []
+                if matched:
+                    extra = MATCHED + (["--measurement-mode", "time_windows"] if tool == "ours"
+                                       else [])  # fmt: skip
                 for _ in range(3):  # perf_analyzer exits without a result when never stable
-                    row, wall, text = run_tool(tool, args, tmp / f"{tool}.csv")
+                    row, wall, text = run_tool(tool, [*args, *extra], tmp / f"{tool}.csv")
                     if row:
                         break
                     failures[tool] += 1
@@ -117,7 +130,9 @@ def agreement(address: str, protocol: str, levels: list[int], pairs: int, tmp: P
               flush=True)  # fmt: skip
         for line in detail:
             print(f"    {line} (ours/perf_analyzer)", flush=True)
-    print(f"  cost over all points: wall-time ratio ours/perf_analyzer {med(all_cost)}", flush=True)
+    if not matched:
+        print(f"  cost over all points: wall-time ratio ours/perf_analyzer {med(all_cost)}",
+              flush=True)  # fmt: skip
 
 
 def trivial_repository(root: Path) -> Path:
@@ -175,7 +190,8 @@ def capacity(address: str, protocol: str, pairs: int, tmp: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="agreement,capacity")
+    parser.add_argument("--parts", default="agreement,capacity",
+                        help="agreement, matched (agreement with equal windows), capacity")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--protocol", default="http", choices=("http", "grpc"))
@@ -187,13 +203,16 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="loadgen-bench-"))
     port = "grpc" if args.protocol == "grpc" else "http"
     try:
-        if "agreement" in parts:
+        if parts & {"agreement", "matched"}:
             worker = start_worker(EXAMPLES, "--model-control-mode", "explicit", "--load-model",
                                   "tiny_cnn", cpus=SERVER_CPU)  # fmt: skip
             try:
                 address = getattr(worker, port)
                 levels = [int(c) for c in args.concurrency.split(",")]
-                agreement(address, args.protocol, levels, args.pairs, tmp)
+                if "agreement" in parts:
+                    agreement(address, args.protocol, levels, args.pairs, tmp)
+                if "matched" in parts:
+                    agreement(address, args.protocol, levels, args.pairs, tmp, matched=True)
             finally:
                 worker.stop()
         if "capacity" in parts:

@@ -209,3 +209,48 @@ def test_bad_input_is_one_clear_error(tmp_path, args, needle):
     assert run.returncode == 2
     assert needle in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_request_rate_search_with_a_memory_objective(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        f"model_repository: {EXAMPLES}\n"
+        "profile_models: add_sub\n"
+        "objectives: {perf_throughput: 1, cpu_used_ram: 1}\n"
+        "request_rate_search_enable: true\n"
+        "run_config_search_min_request_rate: 50\n"
+        "run_config_search_max_request_rate: 100\n"
+        "run_config_search_max_instance_count: 1\n"
+        "run_config_search_max_model_batch_size: 1\n"
+        "client_protocol: http\n"
+    )
+    run = profile(tmp_path, "-f", "c.yaml", "--output-model-repository-path", "OUT",
+                  "--export-path", "EXP", *FAST)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    document = results(tmp_path / "EXP")
+    configs = [c for c in document["models"][0]["configs"] if c["measurements"]]
+    assert len(configs) == 2  # the default and max_batch_size 1
+    assert document["stats"]["worker_starts"] == 2  # memory is ranked: a fresh worker each
+    rows = read_csv(tmp_path / "EXP" / "results" / "metrics-model-inference.csv")
+    assert "Request Rate" in rows[0] and "Concurrency" not in rows[0]
+    assert sorted({r["Request Rate"] for r in rows}) == ["50", "64"]
+    for row in rows:
+        assert abs(float(row["Throughput (infer/sec)"]) / float(row["Request Rate"]) - 1) < 0.1
+        assert float(row["RAM Usage (MB)"]) > 10
+
+
+def test_ctrl_c_stops_the_worker_and_keeps_the_points(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "profile", *SEED, *FAST], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    checkpoint = tmp_path / "EXP" / "checkpoints" / "profile.ckpt.jsonl"
+    deadline = time.monotonic() + 300
+    while not (checkpoint.exists() and '"type": "point"' in checkpoint.read_text()):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert "rerun the same command to resume" in err
+    assert not workers_serving(tmp_path / "OUT")
+    assert '"type": "point"' in checkpoint.read_text()
