@@ -4,9 +4,9 @@ One worker and one load generator serve the whole run: variants are loaded into 
 through the repository API (each variant's instances are created fresh on load and destroyed on
 unload, so nothing of the previous variant stays), and the load generator's processes and
 connections move from variant to variant. The worker is restarted when it died, and between
-variants when a memory metric is an objective or constraint (allocators keep freed memory). Every point
-goes to the checkpoint the moment it is measured; a rerun replays the search from it and measures
-only what is missing (no worker is even started when nothing is).
+variants when a memory metric is an objective or constraint (allocators keep freed memory).
+Every point goes to the checkpoint the moment it is measured; a rerun replays the search from it
+and measures only what is missing (no worker is even started when nothing is).
 """
 
 from __future__ import annotations
