@@ -90,7 +90,7 @@ def _apply(message: Any, values: dict[str, Any], where: str) -> None:
         if fd is None:
             raise VariantError(f"{where}: '{key}' is not a field of {descriptor.name}")
         is_message = fd.type == FieldDescriptor.TYPE_MESSAGE
-        repeated = fd.label == FieldDescriptor.LABEL_REPEATED
+        repeated = _is_repeated(fd)
         if is_message and not repeated and isinstance(value, dict) and not _is_map(fd):
             _apply(getattr(message, key), value, f"{where}.{key}")
             continue
@@ -99,6 +99,13 @@ def _apply(message: Any, values: dict[str, Any], where: str) -> None:
             json_format.ParseDict({key: value}, message)
         except json_format.ParseError as err:
             raise VariantError(f"{where}.{key} = {value!r}: {err}") from None
+
+
+def _is_repeated(fd: FieldDescriptor) -> bool:
+    flag = getattr(fd, "is_repeated", None)  # protobuf >= 6 (label() is deprecated there)
+    if flag is None:
+        return fd.label == FieldDescriptor.LABEL_REPEATED
+    return bool(flag() if callable(flag) else flag)
 
 
 def _is_map(fd: FieldDescriptor) -> bool:
