@@ -316,7 +316,7 @@ class Profiler:
             flags.update(c.triton_server_flags)
             self.launcher = LocalLauncher(
                 c.output_repository, c.export / "logs" / "worker.log", flags,
-                c.server_startup_timeout,
+                c.server_startup_timeout, gpus=c.gpus,
             )  # fmt: skip
         if not self.launcher.alive():
             self.listener("worker_start", {})
@@ -382,13 +382,19 @@ class Profiler:
         finally:
             control.close()
         if not launcher.alive():
-            raise LaunchError(f"the worker exited during the measurement:\n{launcher.last_words()}")
+            raise LaunchError(
+                f"the worker exited ({launcher.exit_status()}) during the measurement; its last "
+                f"log lines:\n{launcher.last_words()}"
+            )
         return from_point(point, result.model, result.name, trial.load, trial.value, time.time())
 
     def _failure_text(self, err: Exception) -> str:
         text = str(err).strip()
-        if self.launcher is not None and not self.launcher.alive() and "exited" not in text:
-            text += f"\nthe worker exited:\n{self.launcher.last_words()}"
+        launcher = self.launcher
+        if launcher is not None and not launcher.alive() and not text.startswith("the worker"):
+            status = launcher.exit_status()
+            text = (f"the worker exited ({status or 'unknown status'}) while serving this "
+                    f"config ({text}); its last log lines:\n{launcher.last_words()}")  # fmt: skip
         return text
 
     def _recover(self) -> None:

@@ -254,3 +254,33 @@ def test_ctrl_c_stops_the_worker_and_keeps_the_points(tmp_path):
     assert "rerun the same command to resume" in err
     assert not workers_serving(tmp_path / "OUT")
     assert '"type": "point"' in checkpoint.read_text()
+
+
+def test_a_config_that_crashes_the_worker_is_recorded_and_the_worker_restarted(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    shutil.copytree(EXAMPLES / "add_sub", repo / "crasher")
+    config = (repo / "crasher" / "config.pbtxt").read_text().replace('"add_sub"', '"crasher"')
+    (repo / "crasher" / "config.pbtxt").write_text(config)
+    (repo / "crasher" / "1" / "model.py").write_text(
+        "import os, signal\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        os.kill(os.getppid(), signal.SIGKILL)  # the stub's parent is the worker\n"
+    )
+    run = profile(
+        tmp_path, "--model-repository", str(repo), "--profile-models", "crasher,add_sub",
+        "--output-model-repository-path", "OUT", "--export-path", "EXP", "-c", "1",
+        "--run-config-search-max-instance-count", "1", "--run-config-search-max-model-batch-size",
+        "1", "--num-top-model-configs", "2", "--client-protocol", "http", *FAST,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    document = results(tmp_path / "EXP")
+    models = {m["name"]: m for m in document["models"]}
+    crashed = models["crasher"]["configs"]
+    assert crashed and all("exited" in c["error"] for c in crashed)
+    assert all(c["measurements"] for c in models["add_sub"]["configs"])
+    assert document["stats"]["worker_starts"] >= 3  # one more after each crash
+    assert len(document["top_across_models"]) == 2
+    assert "Top 2 configs across models" in run.stdout
+    assert not workers_serving(tmp_path / "OUT")

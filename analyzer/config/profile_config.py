@@ -186,7 +186,6 @@ class ModelSpec:
     request_rate: list[int] = field(default_factory=list)
     objectives: dict[str, float] = field(default_factory=dict)
     constraints: dict[str, dict[str, float]] = field(default_factory=dict)
-    weighting: int = 1
     model_config_parameters: dict[str, Any] = field(default_factory=dict)
     perf_analyzer_flags: dict[str, Any] = field(default_factory=dict)
     triton_server_flags: dict[str, Any] = field(default_factory=dict)
@@ -395,7 +394,9 @@ def _perf_flags(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _model_specs(raw: Any, values: dict[str, Any], where: str) -> list[ModelSpec]:
+def _model_specs(
+    raw: Any, values: dict[str, Any], where: str, notes: list[str]
+) -> list[ModelSpec]:
     if raw is None:
         raise ProfileConfigError(f"{where}: 'profile_models' is required (which models to profile)")
     if isinstance(raw, str):
@@ -433,6 +434,9 @@ def _model_specs(raw: Any, values: dict[str, Any], where: str) -> list[ModelSpec
                 f"{here}.model_config_parameters is {mcp!r}; expected a mapping"
             )
         cpu_only = _convert(_BY_NAME["cpu_only"], params.get("cpu_only", values["cpu_only"]), here)
+        if "weighting" in params:
+            notes.append(f"profile_models.{name}.weighting has no effect here: it weights models "
+                         "profiled concurrently, and models are profiled one after another")
         spec = ModelSpec(
             name=str(name),
             cpu_only=cpu_only,
@@ -446,7 +450,6 @@ def _model_specs(raw: Any, values: dict[str, Any], where: str) -> list[ModelSpec
             else dict(values["objectives"]),
             constraints=_constraints(params["constraints"], here) if "constraints" in params
             else {k: dict(v) for k, v in values["constraints"].items()},
-            weighting=int(params.get("weighting", 1)),
             model_config_parameters=mcp,
             perf_analyzer_flags={**values["perf_analyzer_flags"],
                                  **_perf_flags(params.get("perf_analyzer_flags"), here)},
@@ -519,7 +522,9 @@ def load_profile_config(argv: list[str], cwd: Path | None = None) -> ProfileConf
             values[key] = str((cwd / os.path.expanduser(values[key])).resolve())
     if values["checkpoint_directory"] is None:
         values["checkpoint_directory"] = str(Path(values["export_path"]) / "checkpoints")
-    models = _model_specs(raw.get("profile_models"), values, sources.get("profile_models", where))
+    models = _model_specs(
+        raw.get("profile_models"), values, sources.get("profile_models", where), notes
+    )
     return ProfileConfig(values, models, notes)
 
 

@@ -41,6 +41,10 @@ class Launcher(ABC):
     @abstractmethod
     def alive(self) -> bool: ...
 
+    def exit_status(self) -> str:
+        """How the worker ended, in words ('' while it runs or when unknown)."""
+        return ""
+
     def restart(self) -> None:
         self.stop()
         self.start()

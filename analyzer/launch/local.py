@@ -43,12 +43,14 @@ class LocalLauncher(Launcher):
         extra_flags: dict[str, object] | None = None,
         startup_timeout_s: float = 120.0,
         cpus: str = "",
+        gpus: list[str] | None = None,
     ) -> None:
         self.repository = repository
         self.log_path = log_path
         self.extra_flags = extra_flags or {}
         self.startup_timeout_s = startup_timeout_s
         self.cpus = cpus  # taskset CPU list for the worker ("" = inherit)
+        self.gpus = [g for g in (gpus or []) if g != "all"]  # the worker sees only these
         self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
         self.http_url = f"127.0.0.1:{self.ports['http']}"
         self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
@@ -82,7 +84,7 @@ class LocalLauncher(Launcher):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=self._env(),
                 preexec_fn=_die_with_parent,
                 start_new_session=True,  # Ctrl-C reaches the analyzer, which stops the worker
             )
@@ -104,6 +106,23 @@ class LocalLauncher(Launcher):
                     f"(log: {self.log_path})"
                 )
             time.sleep(0.05)
+
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)  # indices or UUIDs both work
+        return env
+
+    def exit_status(self) -> str:
+        code = self.process.poll() if self.process is not None else None
+        if code is None:
+            return ""
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -156,6 +156,8 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         if model.skipped:
             console.print(f"  [dim]skipped {len(model.skipped)} combinations that cannot work "
                           f"(e.g. {model.skipped[0]})[/]")  # fmt: skip
+    if c.num_top_model_configs > 0:
+        _print_across_models(outcome, console)
     console.print(
         f"\n{outcome.measured} points measured, {outcome.reused} taken from the checkpoint, "
         f"{outcome.worker_starts} worker start(s), {outcome.wall_s:.0f} s."
@@ -188,3 +190,24 @@ def recommendation(winner: ConfigResult, default: ConfigResult | None) -> str:
     if not winner.satisfies:
         text += f" [yellow](no config satisfies the constraints: {'; '.join(winner.violations)})[/]"
     return text + "."
+
+
+def top_across_models(outcome) -> list[ConfigResult]:
+    """MA's num_top_model_configs: the best configs of all models in one ranking (meaningful
+    when the models share their objectives)."""
+    pool = [r for m in outcome.models for r in m.results if r.best is not None]
+    pool.sort(key=lambda r: (not r.satisfies, -r.score))
+    return pool[: outcome.config.num_top_model_configs]
+
+
+def _print_across_models(outcome, console: Console) -> None:
+    table = Table(box=box.SIMPLE_HEAD,
+                  title=f"Top {outcome.config.num_top_model_configs} configs across models")
+    for col in ("config", "setting", "load", "infer/s", "p99 ms", "meets constraints"):
+        table.add_column(col, no_wrap=col == "config")
+    for r in top_across_models(outcome):
+        m = r.best
+        table.add_row(r.name, _setting(r), f"{_load_label(m.load, m.value)} b={m.batch_size}",
+                      f"{m.metrics['perf_throughput']:.1f}",
+                      f"{m.metrics['perf_latency_p99']:.3f}", "yes" if r.satisfies else "no")
+    console.print(table)

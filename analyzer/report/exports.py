@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from analyzer.report.console import top_across_models
 from analyzer.report.machine import machine_info
 from analyzer.results.measurement import Measurement
 from analyzer.results.ranking import ConfigResult, Ranker
@@ -197,6 +198,8 @@ def results_document(outcome) -> dict[str, Any]:
         "stats": {"measured": outcome.measured, "reused": outcome.reused,
                   "worker_starts": outcome.worker_starts, "wall_s": outcome.wall_s},
         "server_only": outcome.server_only,
+        "top_across_models": [r.name for r in top_across_models(outcome)]
+        if c.num_top_model_configs > 0 else [],
         "models": models,
     }  # fmt: skip
 
