@@ -138,7 +138,7 @@ class Profiler:
             percentile=int(flags["percentile"]) if "percentile" in flags else None,
             min_window_ms=min(1000, window),
         )
-        shapes = flags.get("shape", [])
+        shapes = flags.get("shape") or c.shape or []
         options = PerfOptions(
             model=spec.name,
             protocol=str(flags.get("protocol", c.client_protocol)),
@@ -208,7 +208,12 @@ class Profiler:
     ) -> None:  # fmt: skip
         spec = model.spec
         cpu_only = spec.cpu_only or not use_gpu
-        settings, options = self._settings(spec)
+        try:
+            settings, options = self._settings(spec)
+        except (InputError, ValueError) as err:
+            model.error = f"model '{spec.name}': {err}"
+            self.listener("model_failed", {"model": spec.name, "error": model.error})
+            return
         fingerprint = json.dumps([spec.name, _files_digest(source.path), options.protocol,
                                   options.input_data, options.distribution,
                                   sorted(options.shapes.items()), options.string_length,

@@ -284,3 +284,22 @@ def test_a_config_that_crashes_the_worker_is_recorded_and_the_worker_restarted(t
     assert len(document["top_across_models"]) == 2
     assert "Top 2 configs across models" in run.stdout
     assert not workers_serving(tmp_path / "OUT")
+
+
+def test_dynamic_dims_need_a_shape(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    config = repo / "add_sub" / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ 4 ]", "dims: [ -1 ]"))
+    common = ["--model-repository", str(repo), "--profile-models", "add_sub",
+              "--output-model-repository-path", "OUT", "--export-path", "EXP", "-c", "1",
+              "--run-config-search-disable", "--client-protocol", "http",
+              "--override-output-model-repository", *FAST]  # fmt: skip
+    run = profile(tmp_path, *common)
+    assert run.returncode == 1  # nothing could be profiled
+    error = results(tmp_path / "EXP")["models"][0]["error"]
+    assert "input 'INPUT0' has dynamic shape [-1]" in error and "--shape INPUT0:" in error
+    run = profile(tmp_path, *common, "--shape", "INPUT0:6", "--shape", "INPUT1:6")
+    assert run.returncode == 0, run.stdout + run.stderr
+    configs = results(tmp_path / "EXP")["models"][0]["configs"]
+    assert configs[0]["measurements"]

@@ -24,7 +24,7 @@ class ProfileConfigError(ValueError):
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: str  # str | path | int | float | bool | ints | strs | choice | object
+    kind: str  # str | path | int | float | bool | ints | strs | multi | choice | object
     default: Any = None
     help: str = ""
     flags: tuple[str, ...] = ()  # extra short flags, e.g. ("-m",)
@@ -113,6 +113,9 @@ FIELDS: tuple[Field, ...] = (
     Field("client_processes", "int", 0, "Load-generator processes (0: grow when saturated)."),
     Field("server_startup_timeout", "float", 120.0, "Seconds to wait for the worker to start."),
     Field("seed", "int", 0, "Seed for random input tensors."),
+    Field("shape", "multi", None,
+          "NAME:d1,d2 for an input with dynamic dims, every model (repeat the flag per input; "
+          "per model: perf_analyzer_flags: {shape: [...]})."),
 )
 
 # MA keys that mean nothing here: accepted so an MA config file works, with a note saying why.
@@ -237,6 +240,9 @@ def argument_parser(prog: str = "model-analyzer profile") -> argparse.ArgumentPa
         if f.kind == "bool":
             # MA: a bare switch sets true; `--flag=false` is accepted too
             parser.add_argument(*names, dest=f.name, nargs="?", const="true", help=f.help)
+        elif f.kind == "multi":
+            parser.add_argument(*names, dest=f.name, action="append", help=f.help,
+                                metavar="VALUE")  # fmt: skip
         else:
             parser.add_argument(*names, dest=f.name, help=f.help, metavar=f.kind.upper())
     return parser
@@ -292,6 +298,11 @@ def _convert(f: Field, value: Any, where: str) -> Any:
         if number < 0:
             raise bad("a number >= 0")
         return number
+    if f.kind == "multi":
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str | int) for v in items):
+            raise bad("a string or a list of strings")
+        return [str(v) for v in items]
     if f.kind in ("ints", "strs"):
         return _as_list(f.name, value, int if f.kind == "ints" else str, where)
     return value  # objects are validated where they are interpreted
