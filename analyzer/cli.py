@@ -179,3 +179,27 @@ def profile(ctx: typer.Context) -> None:
     from analyzer.profile_main import profile_command
 
     raise typer.Exit(profile_command(list(ctx.args)))
+
+
+@app.command()
+def report(
+    export_path: Annotated[
+        Path, typer.Option("-e", "--export-path", help="The export path of a profile run.")
+    ] = Path("."),
+    report_format: Annotated[
+        str, typer.Option(help="html, or pdf (the summary also as PDF, beside the HTML).")
+    ] = "html",
+) -> None:
+    """Rebuild the summary and detailed reports from a profile run's stored results alone."""
+    from analyzer.report.html import ReportError, render_reports
+
+    if report_format not in ("html", "pdf"):
+        typer.echo(f"error: --report-format is '{report_format}'; expected html or pdf", err=True)
+        raise typer.Exit(2)
+    try:
+        written = render_reports(export_path.resolve(), ("html", report_format))
+    except ReportError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for path in written:
+        typer.echo(str(path))

@@ -10,6 +10,7 @@ from analyzer.config.profile_config import ProfileConfigError, argument_parser, 
 from analyzer.profiler import Profiler
 from analyzer.report.console import ProgressDisplay, print_summary
 from analyzer.report.exports import write_csvs, write_results
+from analyzer.report.html import render_reports
 from analyzer.repository.repository import RepositoryError
 from analyzer.search.space import SearchSpaceError
 
@@ -47,6 +48,10 @@ def profile_command(argv: list[str]) -> int:
         err.print(f"error: {exc}", markup=False)
         return 2
     paths = {"Results": write_results(outcome, results), **paths}
+    written = render_reports(config.export)
+    summaries = [p for p in written if p.name == "result_summary.html"]
+    if summaries:
+        paths["Reports"] = summaries[0].parent.parent
     print_summary(outcome, console, paths)
     failed = [m for m in outcome.models if m.error or not any(r.measurements for r in m.results)]
     return 1 if failed and len(failed) == len(outcome.models) else 0

@@ -1,0 +1,193 @@
+"""Summary and detailed HTML reports, rendered with Jinja2 from templates/ and the results file.
+
+Everything comes from EXPORT_PATH/results/profile_results.json, so `model-analyzer report`
+rebuilds the same pages later, elsewhere, without the model repository or a worker. Pages are
+single files: CSS inline, plots as PNG data URIs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from analyzer.report import plots
+from analyzer.report.exports import RESULTS_FILE
+
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+
+
+class ReportError(ValueError):
+    """The results file is missing or unreadable; the message names it."""
+
+
+def load_results(export_path: Path) -> dict[str, Any]:
+    path = export_path / "results" / RESULTS_FILE
+    try:
+        document = json.loads(path.read_text())
+    except OSError:
+        raise ReportError(f"no profile results at '{path}' (run model-analyzer profile "
+                          "with this --export-path first)") from None  # fmt: skip
+    except ValueError:
+        raise ReportError(f"'{path}' is not a valid results file") from None
+    if document.get("format") != "model-analyzer profile results":
+        raise ReportError(f"'{path}' is not a model-analyzer results file")
+    return document
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _setting(config: dict[str, Any]) -> str:
+    d = config["description"]
+    text = f"{d['instance_group']}, max_batch_size {d['max_batch_size']}"
+    if d.get("dynamic_batching"):
+        text += f", dynamic batching with queue delay {d['max_queue_delay_us']} µs"
+    elif d["max_batch_size"] > 0:
+        text += ", no dynamic batching"
+    return text
+
+
+def _load(m: dict[str, Any]) -> str:
+    unit = "concurrency" if m["load"] == "concurrency" else "requests/s"
+    text = f"{unit} {m['value']}" if unit == "concurrency" else f"{m['value']} {unit}"
+    return text + (f", batch {m['batch_size']}" if m["batch_size"] > 1 else "")
+
+
+def _budget(model: dict[str, Any]) -> float | None:
+    return model["constraints"].get("perf_latency_p99", {}).get("max")
+
+
+def recommendation(model: dict[str, Any], winner: dict[str, Any], default: dict | None) -> str:
+    m = winner["best"]["metrics"]
+    text = (f"Use {winner['name']} ({_setting(winner)}): {m['perf_throughput']:.1f} infer/s at "
+            f"{_load(winner['best'])}")  # fmt: skip
+    base = default["best"]["metrics"]["perf_throughput"] if default and default["best"] else 0
+    if base:
+        text += (f", {m['perf_throughput'] / base:.2f}× the default config's "
+                 f"{base:.1f} infer/s")  # fmt: skip
+    text += f", with p99 latency {m['perf_latency_p99']:.2f} ms"
+    budget = _budget(model)
+    if budget is not None:
+        verdict = "within" if m["perf_latency_p99"] <= budget else "over"
+        text += f", {verdict} the {budget:g} ms budget"
+    if not winner["satisfies_constraints"]:
+        text += f"; no config meets every constraint ({'; '.join(winner['violations'])})"
+    return text + "."
+
+
+def _constraint_lines(model: dict[str, Any]) -> list[str]:
+    lines = []
+    for tag, bounds in model["constraints"].items():
+        for key, value in bounds.items():
+            lines.append(f"{tag} {'≤' if key == 'max' else '≥'} {value:g}")
+    return lines
+
+
+def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> list[Path]:
+    """The summary of one model and the detailed report of each of its top configs."""
+    env = _environment()
+    css = (TEMPLATES / "base.css").read_text()
+    measured = [c for c in model["configs"] if c["measurements"]]
+    ranked = sorted(measured, key=lambda c: c["rank"])
+    default = next((c for c in model["configs"] if c["is_default"]), None)
+    winner = ranked[0] if ranked else None
+    top = [c for c in ranked if c["name"] in model["top"]]
+    if default is not None and default in measured and default not in top:
+        top.append(default)
+    base = default["best"]["metrics"]["perf_throughput"] if default and default["best"] else 0
+    rows = []
+    for c in ranked:  # every measured config, best first; the top ones get detailed reports
+        delay = c["description"]["max_queue_delay_us"]
+        throughput = c["best"]["metrics"]["perf_throughput"]
+        rows.append({**c, "delay": "–" if delay is None else delay, "load": _load(c["best"]),
+                     "vs_default": f"{throughput / base:.2f}×" if base else "–",
+                     "detailed": c in top})  # fmt: skip
+    figures = []
+    if measured:
+        figures.append({"alt": "throughput vs p99 latency per config, Pareto front marked",
+                        "uri": plots.throughput_vs_latency(
+                            measured, winner["name"], default["name"] if default else "",
+                            _budget(model))})  # fmt: skip
+        pair = [winner] + ([default] if default and default is not winner and default in measured
+                           else [])  # fmt: skip
+        figures.append({"alt": "throughput vs load for the winner and the default",
+                        "uri": plots.throughput_vs_load(
+                            pair, "Throughput vs load: the winner and the default config")})
+        if any("gpu_used_memory" in m["metrics"] for c in measured for m in c["measurements"]):
+            figures.append({"alt": "GPU memory vs throughput",
+                            "uri": plots.gpu_memory_vs_throughput(measured, winner["name"])})
+    summary_dir = out / "summaries" / model["name"]
+    summary_dir.mkdir(parents=True, exist_ok=True)
+    summary = summary_dir / "result_summary.html"
+    summary.write_text(env.get_template("result_summary.html.j2").render(
+        css=css, model=model, created=document["created"], winner=winner,
+        recommendation=recommendation(model, winner, default) if winner else "",
+        ranking=rows, plots=figures, constraints=_constraint_lines(model),
+        breakers=[c for c in measured if not c["satisfies_constraints"]],
+        failed=[c for c in model["configs"] if c["error"]],
+        objectives=", ".join(f"{t} ×{w:g}" for t, w in model["objectives"].items()),
+        machine=document["machine"], kind=document["instance_kind"],
+        settings=document["settings"], source=RESULTS_FILE,
+        measured_points=sum(len(c["measurements"]) for c in measured),
+        measured_configs=len(measured),
+    ))  # fmt: skip
+    written = [summary]
+    for c in top:
+        written.append(_render_detailed(env, css, model, c, winner, out))
+    return written
+
+
+def _render_detailed(env, css, model, config, winner, out: Path) -> Path:
+    budget = _budget(model)
+    rows = plots.breakdown_rows(config)
+    for r in rows:
+        p99 = r["measurement"]["metrics"]["perf_latency_p99"]
+        r["breaks"] = budget is not None and p99 > budget
+    m = config["best"]
+    headline = (f"Best point: {m['metrics']['perf_throughput']:.1f} infer/s at {_load(m)}, "
+                f"p99 {m['metrics']['perf_latency_p99']:.2f} ms"
+                + ("" if config["satisfies_constraints"]
+                   else f" — breaks {'; '.join(config['violations'])}"))  # fmt: skip
+    figures = [
+        {"alt": "throughput vs load", "uri": plots.throughput_vs_load(
+            [config], f"Throughput vs load: {config['name']}")},
+        {"alt": "latency breakdown per load point", "uri": plots.latency_breakdown(config)},
+    ]  # fmt: skip
+    folder = out / "detailed" / config["name"]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "detailed_report.html"
+    path.write_text(env.get_template("detailed_report.html.j2").render(
+        css=css, model=model["name"], config=config, setting=_setting(config), headline=headline,
+        rows=rows, plots=figures, config_pbtxt=config["description"].get("config_pbtxt", ""),
+        load_header="concurrency" if m["load"] == "concurrency" else "request rate (/s)",
+        source=RESULTS_FILE,
+    ))  # fmt: skip
+    return path
+
+
+def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",)) -> list[Path]:
+    """Every model's summary and its top configs' detailed reports; with "pdf" in `formats`
+    each summary is also rendered to result_summary.pdf beside it (WeasyPrint)."""
+    document = load_results(export_path)
+    out = export_path / "reports"
+    written: list[Path] = []
+    for model in document["models"]:
+        written += render_model(document, model, out)
+    if "pdf" in formats:
+        import weasyprint  # imported here: it loads pango, which the HTML path never needs
+
+        for page in [p for p in written if p.name == "result_summary.html"]:
+            pdf = page.with_suffix(".pdf")
+            weasyprint.HTML(filename=str(page)).write_pdf(str(pdf))
+            written.append(pdf)
+    return written

@@ -1,0 +1,168 @@
+"""Report plots with matplotlib, as PNG data URIs (the reports are single self-contained files).
+
+matplotlib, not plotly: static images embed in one HTML file without a JavaScript bundle, render
+the same in a PDF, and need no network to view. Every axis names its unit; each series is labelled
+on the plot where a legend would make the reader hunt.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: files only
+import matplotlib.pyplot as plt  # noqa: E402
+
+WINNER, DEFAULT, OTHER, FRONT = "#1a7f37", "#6e7781", "#c8ccd1", "#cf222e"
+_STYLE = {"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9,
+          "axes.spines.top": False, "axes.spines.right": False}  # fmt: skip
+
+
+def _uri(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
+    return sorted(config["measurements"], key=lambda m: (m["batch_size"], m["value"]))
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(p99 latency, throughput) points no other point beats on both (lower latency, higher
+    throughput), sorted by latency."""
+    front: list[tuple[float, float]] = []
+    for latency, throughput in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or throughput > front[-1][1]:
+            front.append((latency, throughput))
+    return front
+
+
+def throughput_vs_latency(configs: list[dict[str, Any]], winner: str, default: str,
+                          budget: float | None) -> str:  # fmt: skip
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 4.2))
+        everything = []
+        for config in configs:
+            pts = _points(config)
+            if not pts:
+                continue
+            xs = [m["metrics"]["perf_latency_p99"] for m in pts]
+            ys = [m["metrics"]["perf_throughput"] for m in pts]
+            everything += list(zip(xs, ys, strict=True))
+            name = config["name"]
+            color, width, z = (
+                (WINNER, 2.2, 3) if name == winner else (DEFAULT, 1.8, 2) if name == default
+                else (OTHER, 1.0, 1)
+            )  # fmt: skip
+            ax.plot(xs, ys, "-o", color=color, lw=width, ms=3, zorder=z)
+            if name in (winner, default):
+                ax.annotate(name, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4),
+                            color=color, fontsize=8)  # fmt: skip
+        front = pareto_front(everything)
+        if front:
+            ax.plot([p[0] for p in front], [p[1] for p in front], "--", color=FRONT, lw=1,
+                    zorder=4)  # fmt: skip
+            ax.scatter([p[0] for p in front], [p[1] for p in front], s=28, facecolors="none",
+                       edgecolors=FRONT, zorder=5)  # fmt: skip
+            ax.annotate("Pareto front", front[0], textcoords="offset points", xytext=(4, -12),
+                        color=FRONT, fontsize=8)  # fmt: skip
+        if budget:
+            widest = max((p[0] for p in everything), default=0.0)
+            if budget <= 1.5 * widest:
+                ax.axvline(budget, color=FRONT, lw=0.8, ls=":")
+                ax.annotate(f"latency budget {budget:g} ms", (budget, ax.get_ylim()[0]),
+                            rotation=90, va="bottom", ha="right", fontsize=7, color=FRONT)
+            else:  # far right of every point: say so instead of squashing the data
+                ax.annotate(f"latency budget {budget:g} ms (beyond every point)",
+                            (0.99, 0.02), xycoords="axes fraction", ha="right", fontsize=7,
+                            color=FRONT)
+        ax.set_xlabel("p99 latency (ms)")
+        ax.set_ylabel("throughput (infer/s)")
+        ax.set_title("Throughput vs p99 latency over the load sweep (one line per config)")
+        return _uri(fig)
+
+
+def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        load = "concurrency"
+        for i, config in enumerate(configs):
+            pts = _points(config)
+            if not pts:
+                continue
+            load = pts[0]["load"]
+            xs = [m["value"] for m in pts]
+            ys = [m["metrics"]["perf_throughput"] for m in pts]
+            color = WINNER if i == 0 else DEFAULT
+            ax.plot(xs, ys, "-o", color=color, ms=3, lw=2)
+            ax.annotate(config["name"], (xs[-1], ys[-1]), textcoords="offset points",
+                        xytext=(4, 4), color=color, fontsize=8)  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ticks = sorted({m["value"] for c in configs for m in c["measurements"]})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency (requests in flight)" if load == "concurrency"
+                      else "request rate (requests/s)")  # fmt: skip
+        ax.set_ylabel("throughput (infer/s)")
+        ax.set_title(title)
+        return _uri(fig)
+
+
+def gpu_memory_vs_throughput(configs: list[dict[str, Any]], winner: str) -> str:
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        for config in configs:
+            pts = [m for m in _points(config) if "gpu_used_memory" in m["metrics"]]
+            if not pts:
+                continue
+            color = WINNER if config["name"] == winner else OTHER
+            ax.plot([m["metrics"]["perf_throughput"] for m in pts],
+                    [m["metrics"]["gpu_used_memory"] for m in pts], "-o", ms=3, color=color)
+        ax.set_xlabel("throughput (infer/s)")
+        ax.set_ylabel("GPU memory used (MB)")
+        ax.set_title("GPU memory vs throughput")
+        return _uri(fig)
+
+
+BREAKDOWN = (
+    ("perf_server_queue", "server queue", "#8250df"),
+    ("perf_server_compute_input", "compute input", "#bf8700"),
+    ("perf_server_compute_infer", "compute infer", "#1a7f37"),
+    ("perf_server_compute_output", "compute output", "#0969da"),
+    ("network_other", "network + client", "#c8ccd1"),
+)
+
+
+def breakdown_rows(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per point: the average latency split into server queue / compute parts / the rest."""
+    rows = []
+    for m in _points(config):
+        metrics = m["metrics"]
+        parts = {tag: metrics.get(tag, 0.0) for tag, _, _ in BREAKDOWN[:-1]}
+        parts["network_other"] = max(0.0, metrics["perf_latency_avg"] - sum(parts.values()))
+        rows.append({"measurement": m, "parts": parts})
+    return rows
+
+
+def latency_breakdown(config: dict[str, Any]) -> str:
+    rows = breakdown_rows(config)
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        labels = [f"{r['measurement']['value']}" + (f"\nb={r['measurement']['batch_size']}"
+                  if r["measurement"]["batch_size"] > 1 else "") for r in rows]  # fmt: skip
+        bottom = [0.0] * len(rows)
+        for tag, label, color in BREAKDOWN:
+            values = [r["parts"][tag] for r in rows]
+            ax.bar(labels, values, bottom=bottom, color=color, label=label, width=0.6)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        load = rows[0]["measurement"]["load"] if rows else "concurrency"
+        ax.set_xlabel("concurrency" if load == "concurrency" else "request rate (requests/s)")
+        ax.set_ylabel("average latency (ms)")
+        ax.set_title("Where the time goes, per load point")
+        ax.legend(loc="upper left", fontsize=7, frameon=False)
+        return _uri(fig)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Debian packages the tests use as peers: chromium (headless, to check the HTML reports render).
+# WeasyPrint's pango comes with chromium's dependencies. Needs root; otherwise says what to run.
+set -euo pipefail
+need=()
+command -v chromium >/dev/null || need+=(chromium)
+ldconfig -p | grep -q 'libpango-1.0.so' || need+=(libpango-1.0-0 libpangoft2-1.0-0)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "the report tests need Debian's ${need[*]}: run 'sudo apt-get install ${need[*]}'" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+(apt-get install -y -qq "${need[@]}" >/dev/null 2>&1) \
+  || (apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null)

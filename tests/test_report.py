@@ -1,0 +1,140 @@
+"""Reports a person reads: rendered from a real profile run, checked in a real browser."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from test_profile import EXAMPLES, FAST, profile, results
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One real profile of add_sub; its repository is a copy the tests may delete."""
+    root = tmp_path_factory.mktemp("report")
+    repo = root / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    done = profile(
+        root, "--model-repository", str(repo), "--profile-models", "add_sub",
+        "--output-model-repository-path", "OUT", "--export-path", "EXP", "-c", "1,2",
+        "--run-config-search-max-instance-count", "1", "--run-config-search-max-model-batch-size",
+        "2", "--latency-budget", "50", "--client-protocol", "http", *FAST,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+def test_summary_names_the_recommendation_and_lists_every_config(run):
+    document = results(run / "EXP")
+    model = document["models"][0]
+    measured = [c for c in model["configs"] if c["measurements"]]
+    winner = min(measured, key=lambda c: c["rank"])
+    page = (run / "EXP" / "reports" / "summaries" / "add_sub" / "result_summary.html").read_text()
+    recommendation = re.search(r'id="recommendation">(.*?)</p>', page, re.S).group(1)
+    assert f"Use {winner['name']} (" in recommendation
+    assert "the default config" in recommendation and "within the 50 ms budget" in recommendation
+    table = re.search(r'<table id="ranking">(.*?)</table>', page, re.S).group(1)
+    body = table.split("<tbody>")[1]
+    assert body.count("<tr") == len(measured)
+    for config in measured:
+        assert config["name"] in body
+    pattern = r'<img class="plot" alt="([^"]+)" src="data:image/png;base64,([^"]+)"'
+    images = re.findall(pattern, page)
+    assert [alt for alt, _ in images] == [
+        "throughput vs p99 latency per config, Pareto front marked",
+        "throughput vs load for the winner and the default",
+    ]  # no GPU here: no GPU-memory plot
+    assert all(len(data) > 1000 for _, data in images)
+    assert "http://" not in page and "https://" not in page  # self-contained
+    for name in model["top"]:
+        detailed = run / "EXP" / "reports" / "detailed" / name / "detailed_report.html"
+        text = detailed.read_text()
+        assert "config.pbtxt" in text and text.count('<img class="plot"') == 2
+        assert f'name: "{name}"' in html.unescape(text)
+
+
+_PROBE = """<script>
+window.__failed = [];
+window.addEventListener("error", function (e) {
+  if (e.target && e.target !== window) { window.__failed.push(e.target.src || "resource"); }
+}, true);
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.map.call(document.images, function (i) {
+    var box = i.getBoundingClientRect();
+    return {complete: i.complete, w: i.naturalWidth, h: i.naturalHeight, shown: box.width};
+  });
+  var out = document.createElement("pre");
+  out.id = "__probe";
+  out.textContent = JSON.stringify({imgs: imgs, failed: window.__failed,
+    resources: performance.getEntriesByType("resource").map(function (r) { return r.name; })});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make venv "
+                    "installs it as root)")  # fmt: skip
+def test_summary_renders_in_headless_chromium(run):
+    summary = run / "EXP" / "reports" / "summaries" / "add_sub" / "result_summary.html"
+    probe = summary.with_name("probe.html")
+    probe.write_text(summary.read_text().replace("<head>", "<head>" + _PROBE, 1))
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             "--virtual-time-budget=10000"]  # fmt: skip
+    dom = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    probe.unlink()
+    found = re.search(r'<pre id="__probe">(.*?)</pre>', dom.stdout, re.S)
+    assert found, dom.stderr[-2000:]
+    state = json.loads(html.unescape(found.group(1)))
+    assert len(state["imgs"]) == 2
+    for image in state["imgs"]:
+        assert image["complete"] and image["w"] > 0 and image["h"] > 0 and image["shown"] > 0
+    assert state["failed"] == []
+    assert all(name.startswith("data:") for name in state["resources"])
+    shot = run / "EXP" / "reports" / "summary_screenshot.png"
+    subprocess.run([*flags, "--window-size=1280,2400", f"--screenshot={shot}", summary.as_uri()],
+                   capture_output=True, timeout=120, check=True)  # fmt: skip
+    assert shot.stat().st_size > 10_000
+
+
+def test_report_rebuilds_identical_pages_without_the_repository(run, tmp_path):
+    copy = tmp_path / "EXP"
+    shutil.copytree(run / "EXP", copy)
+    original = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*.html")}
+    assert original
+    shutil.rmtree(copy / "reports")
+    moved = run / "repo-gone"
+    (run / "repo").rename(moved)  # no model repository anywhere it was
+    try:
+        done = subprocess.run([sys.executable, "-m", "analyzer", "report", "--export-path",
+                               str(copy)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        moved.rename(run / "repo")
+    assert done.returncode == 0, done.stderr
+    rebuilt = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*.html")}
+    assert rebuilt == original
+
+
+def test_report_without_results_is_one_clear_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "analyzer", "report", "-e", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert "no profile results at" in done.stderr
+
+
+def test_pdf_summary(run, tmp_path):
+    copy = tmp_path / "EXP"
+    shutil.copytree(run / "EXP", copy)
+    done = subprocess.run([sys.executable, "-m", "analyzer", "report", "-e", str(copy),
+                           "--report-format", "pdf"], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pdf = copy / "reports" / "summaries" / "add_sub" / "result_summary.pdf"
+    assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 20_000
