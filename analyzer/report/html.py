@@ -80,6 +80,8 @@ def recommendation(model: dict[str, Any], winner: dict[str, Any], default: dict 
     if budget is not None:
         verdict = "within" if m["perf_latency_p99"] <= budget else "over"
         text += f", {verdict} the {budget:g} ms budget"
+    else:
+        text += " (no latency budget was set)"
     if not winner["satisfies_constraints"]:
         text += f"; no config meets every constraint ({'; '.join(winner['violations'])})"
     return text + "."
