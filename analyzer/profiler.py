@@ -44,8 +44,9 @@ from analyzer.repository.variants import (
 from analyzer.results.checkpoint import Checkpoint, config_key, point_key
 from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.ranking import ConfigResult, Ranker
-from analyzer.search.base import Outcome, Trial
+from analyzer.search.base import Outcome, SearchStrategy, Trial
 from analyzer.search.brute import BruteSearch, SearchLimits
+from analyzer.search.quick import QuickSearch
 from analyzer.search.space import load_search_space
 from analyzer.worker.devices import gpu_count
 
@@ -99,10 +100,10 @@ class Profiler:
                 f"triton_launch_mode '{c.triton_launch_mode}' is not available in this version "
                 "yet; use 'local'"
             )
-        if c.run_config_search_mode != "brute":
+        if c.run_config_search_mode not in ("brute", "quick"):
             raise ProfileConfigError(
                 f"run_config_search_mode '{c.run_config_search_mode}' is not available in this "
-                "version yet; use 'brute'"
+                "version yet; use 'brute' or 'quick'"
             )
 
     def _prepare_output(self, checkpoint: Checkpoint) -> None:
@@ -225,7 +226,12 @@ class Profiler:
         # cache, glibc arenas): when memory is ranked on, each variant gets a fresh worker.
         self.fresh_worker_per_variant = bool(MEMORY_TAGS & (set(spec.objectives)
                                                             | set(spec.constraints)))  # fmt: skip
-        search = BruteSearch(space, self._limits(spec, source))
+        limits = self._limits(spec, source)
+        search: SearchStrategy = (
+            QuickSearch(space, limits, top_configs=self.config.num_configs_per_model)
+            if self.config.run_config_search_mode == "quick" and not limits.manual
+            and not limits.search_disable else BruteSearch(space, limits)
+        )  # fmt: skip
         variants: dict[str, ConfigResult | None] = {}
         current: ConfigResult | None = None
         while (trial := search.ask()) is not None:
@@ -274,6 +280,7 @@ class Profiler:
                 throughput=measurement.metrics["perf_throughput"],
                 breaks_latency_limit=ranker.breaks_latency_limit(measurement),
                 satisfies_constraints=not violations,
+                extra={"score": ranker.score(measurement)},
             ))  # fmt: skip
         self._unload()
 

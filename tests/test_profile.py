@@ -303,3 +303,23 @@ def test_dynamic_dims_need_a_shape(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     configs = results(tmp_path / "EXP")["models"][0]["configs"]
     assert configs[0]["measurements"]
+
+
+def test_quick_mode_end_to_end(tmp_path):
+    run = profile(
+        tmp_path, "--model-repository", str(EXAMPLES), "--profile-models", "add_sub",
+        "--output-model-repository-path", "OUT", "--export-path", "EXP",
+        "--run-config-search-mode", "quick", "--run-config-search-max-concurrency", "8",
+        "--run-config-search-max-model-batch-size", "4", "--run-config-search-max-instance-count",
+        "2", "--num-configs-per-model", "1", "--client-protocol", "http", *FAST,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Best config for add_sub" in " ".join(run.stdout.split())
+    document = results(tmp_path / "EXP")
+    configs = [c for c in document["models"][0]["configs"] if c["measurements"]]
+    points = [(c["name"], m["value"]) for c in configs for m in c["measurements"]]
+    assert len(points) == len(set(points))  # no point measured twice
+    assert configs and any(c["is_default"] for c in configs)
+    # the winner and the default got the final concurrency sweep
+    winner = min(configs, key=lambda c: c["rank"])
+    assert len(winner["measurements"]) >= 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,31 @@ def test_checkpoint_survives_a_torn_last_line(tmp_path):
     assert again.failures == {"k2": "failed to load"}
     again.record_point("k3", _m("m_config_1", 50, 3))  # appends after the torn line stay readable
     assert set(Checkpoint(tmp_path).points) == {key, "k3"}
+
+
+def _synthetic(trial):
+    """A model whose capacity grows with instances (to 2 cores), batch size and a 200 us delay;
+    throughput approaches it as concurrency grows."""
+    p = trial.params
+    inst = p.get("instance_count", 1)
+    mbs = p.get("max_batch_size", 8)
+    delay = p.get("max_queue_delay_microseconds", 0)
+    capacity = 100.0 * min(inst, 2) * (1 + math.log2(mbs)) * (1.1 if delay == 200 else 1.0)
+    return capacity * trial.value / (trial.value + 4.0 * mbs)
+
+
+def test_quick_search_reaches_the_brute_force_best_with_fewer_points():
+    from analyzer.search.quick import QuickSearch
+
+    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=32, max_instance_count=4,
+                          max_concurrency=256)  # fmt: skip
+    brute = _walk(BruteSearch(load_search_space(), limits), _synthetic)
+    quick = _walk(QuickSearch(load_search_space(), limits), _synthetic)
+    best_brute = max(_synthetic(t) for t in brute)
+    best_quick = max(_synthetic(t) for t in quick)
+    assert best_quick >= 0.95 * best_brute
+    assert len(quick) <= 0.5 * len(brute)
+    assert len(set(quick)) == len(quick)  # nothing asked twice
+    assert quick[0].params == {}  # the model's own config first
+    climbed = {(t.params.get("max_queue_delay_microseconds"), t.value) for t in quick}
+    assert len({d for d, _ in climbed}) > 1 and len({c for _, c in climbed}) > 3
