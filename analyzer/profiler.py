@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.config.model_config import ModelConfig, format_model_config
-from analyzer.config.profile_config import ModelSpec, ProfileConfig, ProfileConfigError
+from analyzer.config.profile_config import (
+    METRIC_DIRECTIONS,
+    ModelSpec,
+    ProfileConfig,
+    ProfileConfigError,
+)
 from analyzer.launch.base import Launcher, LaunchError
 from analyzer.launch.local import LocalLauncher
 from analyzer.loadgen.client import LoadClient
@@ -46,6 +51,7 @@ from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.ranking import ConfigResult, Ranker
 from analyzer.search.base import Outcome, SearchStrategy, Trial
 from analyzer.search.brute import BruteSearch, SearchLimits
+from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import load_search_space
 from analyzer.worker.devices import gpu_count
@@ -100,11 +106,11 @@ class Profiler:
                 f"triton_launch_mode '{c.triton_launch_mode}' is not available in this version "
                 "yet; use 'local'"
             )
-        if c.run_config_search_mode not in ("brute", "quick"):
-            raise ProfileConfigError(
-                f"run_config_search_mode '{c.run_config_search_mode}' is not available in this "
-                "version yet; use 'brute' or 'quick'"
-            )
+        for tag in c.optuna_objectives or []:
+            if tag not in METRIC_DIRECTIONS:
+                raise ProfileConfigError(
+                    f"optuna_objectives has '{tag}'; known: {', '.join(METRIC_DIRECTIONS)}"
+                )
 
     def _prepare_output(self, checkpoint: Checkpoint) -> None:
         out = self.config.output_repository
@@ -226,12 +232,7 @@ class Profiler:
         # cache, glibc arenas): when memory is ranked on, each variant gets a fresh worker.
         self.fresh_worker_per_variant = bool(MEMORY_TAGS & (set(spec.objectives)
                                                             | set(spec.constraints)))  # fmt: skip
-        limits = self._limits(spec, source)
-        search: SearchStrategy = (
-            QuickSearch(space, limits, top_configs=self.config.num_configs_per_model)
-            if self.config.run_config_search_mode == "quick" and not limits.manual
-            and not limits.search_disable else BruteSearch(space, limits)
-        )  # fmt: skip
+        search = self._strategy(spec, source, space)
         variants: dict[str, ConfigResult | None] = {}
         current: ConfigResult | None = None
         while (trial := search.ask()) is not None:
@@ -280,9 +281,33 @@ class Profiler:
                 throughput=measurement.metrics["perf_throughput"],
                 breaks_latency_limit=ranker.breaks_latency_limit(measurement),
                 satisfies_constraints=not violations,
-                extra={"score": ranker.score(measurement)},
+                extra={"score": ranker.score(measurement), "metrics": measurement.metrics,
+                       "constraints": ranker.constraint_values(measurement)},
             ))  # fmt: skip
         self._unload()
+
+    def _strategy(self, spec: ModelSpec, source: ModelSource, space) -> SearchStrategy:
+        c = self.config
+        limits = self._limits(spec, source)
+        mode = c.run_config_search_mode
+        if mode == "brute" or limits.manual or limits.search_disable:
+            return BruteSearch(space, limits)
+        if mode == "quick":
+            return QuickSearch(space, limits, top_configs=c.num_configs_per_model)
+        tags = tuple(c.optuna_objectives or ())
+        storage = c.storage or f"sqlite:///{c.checkpoints / 'optuna.db'}"
+        c.checkpoints.mkdir(parents=True, exist_ok=True)
+        settings = OptunaSettings(
+            storage=storage, study_name=c.study_name or f"model-analyzer-{spec.name}",
+            sampler=c.optuna_sampler, seed=c.seed, min_trials=c.optuna_min_trials,
+            max_trials=c.optuna_max_trials, early_exit_threshold=c.optuna_early_exit_threshold,
+            min_percentage=c.min_percentage_of_search_space,
+            max_percentage=c.max_percentage_of_search_space, objectives=tags,
+        )  # fmt: skip
+        directions = [
+            "maximize" if METRIC_DIRECTIONS[t] else "minimize" for t in tags
+        ] or ["maximize"]
+        return OptunaSearch(space, limits, settings, c.num_configs_per_model, directions)
 
     def _new_variant(
         self, model: ModelOutcome, source: ModelSource, trial: Trial, cpu_only: bool

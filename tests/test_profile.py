@@ -323,3 +323,25 @@ def test_quick_mode_end_to_end(tmp_path):
     # the winner and the default got the final concurrency sweep
     winner = min(configs, key=lambda c: c["rank"])
     assert len(winner["measurements"]) >= 3
+
+
+def test_optuna_mode_end_to_end_and_resume(tmp_path):
+    args = [
+        "--model-repository", str(EXAMPLES), "--profile-models", "add_sub",
+        "--output-model-repository-path", "OUT", "--export-path", "EXP",
+        "--run-config-search-mode", "optuna", "--run-config-search-max-concurrency", "8",
+        "--run-config-search-max-model-batch-size", "4", "--run-config-search-max-instance-count",
+        "2", "--optuna-min-trials", "5", "--optuna-max-trials", "6",
+        "--max-percentage-of-search-space", "100", "--num-configs-per-model", "1",
+        "--client-protocol", "http", "--override-output-model-repository", *FAST,
+    ]  # fmt: skip
+    run = profile(tmp_path, *args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "EXP" / "checkpoints" / "optuna.db").exists()  # the study, beside the points
+    document = results(tmp_path / "EXP")
+    points = [(c["name"], m["value"]) for c in document["models"][0]["configs"]
+              for m in c["measurements"]]  # fmt: skip
+    assert len(points) == len(set(points)) == document["stats"]["measured"]
+    rerun = profile(tmp_path, *args)  # same study, same checkpoint: nothing new to measure
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert results(tmp_path / "EXP")["stats"]["measured"] == 0

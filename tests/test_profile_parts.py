@@ -256,3 +256,30 @@ def test_quick_search_reaches_the_brute_force_best_with_fewer_points():
     assert quick[0].params == {}  # the model's own config first
     climbed = {(t.params.get("max_queue_delay_microseconds"), t.value) for t in quick}
     assert len({d for d, _ in climbed}) > 1 and len({c for _, c in climbed}) > 3
+
+
+def test_optuna_search_finds_the_best_region_and_resumes_its_study(tmp_path):
+    from analyzer.search.optuna import OptunaSearch, OptunaSettings
+
+    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=32, max_instance_count=4,
+                          max_concurrency=256)  # fmt: skip
+    settings = OptunaSettings(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s",
+                              seed=1, min_trials=20, max_trials=60)  # fmt: skip
+
+    def walk(search):
+        trials = []
+        while (trial := search.ask()) is not None:
+            trials.append(trial)
+            value = _synthetic(trial)
+            search.tell(trial, Outcome(ok=True, throughput=value, extra={"score": value}))
+        return trials
+
+    brute = _walk(BruteSearch(load_search_space(), limits), _synthetic)
+    first = walk(OptunaSearch(load_search_space(), limits, settings))
+    best_brute = max(_synthetic(t) for t in brute)
+    assert max(_synthetic(t) for t in first) >= 0.95 * best_brute
+    assert len(first) <= 0.25 * len(brute)
+    assert len(set(first)) == len(first)
+    # a second process on the same study: trials already finished are not measured again
+    again = OptunaSearch(load_search_space(), limits, settings)
+    assert again._completed() >= 20

@@ -63,6 +63,19 @@ class Ranker:
                 out.append(f"{tag} {value:.4g} {unit(tag)} > max {bounds['max']:g}")
         return out
 
+    def constraint_values(self, m: Measurement) -> dict[str, float]:
+        """Each bound as a relative excess (<= 0 when met), the form Optuna's constraints take."""
+        out = {}
+        for tag, bounds in self.constraints.items():
+            value = m.metric(tag)
+            if value is None:
+                continue
+            if "max" in bounds:
+                out[f"{tag}.max"] = (value - bounds["max"]) / max(abs(bounds["max"]), 1e-9)
+            if "min" in bounds:
+                out[f"{tag}.min"] = (bounds["min"] - value) / max(abs(bounds["min"]), 1e-9)
+        return out
+
     def breaks_latency_limit(self, m: Measurement) -> bool:
         return any(
             "max" in b and tag.startswith("perf_latency") and (m.metric(tag) or 0) > b["max"]

@@ -1,0 +1,156 @@
+"""Optuna search: one study over the joint space of instance count, max_batch_size, queue delay and
+concurrency; each Optuna trial is one measured point.
+
+The study lives in an Optuna storage (a SQLite file in the checkpoint folder by default, so a rerun
+resumes it; PostgreSQL to share one study between processes and hosts). Before a point is measured
+the study is searched for a finished trial with the same parameters -- from this process or any
+other -- and its values are reused, so processes sharing a study divide the work. Constraints go
+to the samplers through `Trial.set_constraint` (feasible when <= 0). Trials stop after MA's budget:
+between optuna_min_trials / min_percentage_of_search_space and optuna_max_trials /
+max_percentage_of_search_space, and early when the best has not improved for
+optuna_early_exit_threshold trials. The best configs then get a full concurrency sweep.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from analyzer.search.base import Outcome, Trial
+from analyzer.search.brute import SearchLimits
+from analyzer.search.quick import QuickSearch
+from analyzer.search.space import SearchSpace
+
+SAMPLERS = ("tpe", "gp", "nsga2", "random")
+
+
+@dataclass
+class OptunaSettings:
+    storage: str
+    study_name: str
+    sampler: str = "tpe"
+    seed: int | None = None
+    min_trials: int = 20
+    max_trials: int = 200
+    early_exit_threshold: int = 10
+    min_percentage: float = 5.0
+    max_percentage: float = 10.0
+    objectives: tuple[str, ...] = ()  # () = the weighted score; else tags for multi-objective
+
+
+def _sampler(name: str, seed: int | None, multi: bool) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=6)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"optuna sampler '{name}' is unknown; known: {', '.join(SAMPLERS)}")
+
+
+class OptunaSearch(QuickSearch):
+    def __init__(self, space: SearchSpace, limits: SearchLimits, settings: OptunaSettings,
+                 top_configs: int = 3, directions: list[str] | None = None) -> None:  # fmt: skip
+        super().__init__(space, limits, top_configs)
+        self.settings = settings
+        multi = bool(settings.objectives)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(
+            storage=settings.storage,
+            study_name=settings.study_name,
+            sampler=_sampler(settings.sampler, settings.seed, multi),
+            directions=directions or ["maximize"],
+            load_if_exists=True,
+        )
+        size = len(self.counts) * max(1, len(self.sizes)) * len(self.delays) * len(self.levels)
+        low = max(settings.min_trials, math.ceil(size * settings.min_percentage / 100))
+        high = min(settings.max_trials, math.ceil(size * settings.max_percentage / 100))
+        self.space_size = size
+        self.min_trials = min(low, size)
+        self.max_trials = min(max(high, self.min_trials), size)
+
+    # ---- the study -----------------------------------------------------------------------------
+    def _suggest(self, trial: optuna.Trial) -> tuple[dict[str, Any], int]:
+        limits = self.limits
+        params: dict[str, Any] = {
+            "instance_count": trial.suggest_int("instance_count", self.counts[0], self.counts[-1])
+        }
+        if limits.model_max_batch_size > 0:
+            low, high = math.log2(self.sizes[0]), math.log2(self.sizes[-1])
+            exponent = trial.suggest_int("max_batch_size_log2", int(low), int(high))
+            mbs = max(self.sizes[0], min(self.sizes[-1], 2**exponent))
+            params["max_batch_size"] = mbs
+            params["max_queue_delay_microseconds"] = (
+                trial.suggest_categorical("max_queue_delay_microseconds", self.delays)
+                if mbs > 1 else self.delays[0]
+            )  # fmt: skip
+        index = trial.suggest_int("concurrency_index", 0, len(self.levels) - 1)
+        return params, self.levels[index]
+
+    def _values(self, outcome: Outcome) -> list[float]:
+        if not self.settings.objectives:
+            return [outcome.extra.get("score", outcome.throughput)]
+        metrics = outcome.extra.get("metrics", {})
+        return [float(metrics.get(tag, 0.0)) for tag in self.settings.objectives]
+
+    def _complete_trials(self) -> list[optuna.trial.FrozenTrial]:
+        done = (optuna.trial.TrialState.COMPLETE,)
+        return self.study.get_trials(deepcopy=False, states=done)
+
+    def _finished_elsewhere(
+        self, params: dict[str, Any], level: int
+    ) -> optuna.trial.FrozenTrial | None:
+        wanted = Trial.make(params, "concurrency", level, self.batch).params_json + f"@{level}"
+        for frozen in self._complete_trials():
+            if frozen.user_attrs.get("trial") == wanted:
+                return frozen
+        return None
+
+    def _completed(self) -> int:
+        return len(self._complete_trials())
+
+    def _search(self) -> Generator[Trial, None, None]:
+        yield from self._measure(self._trial({}, self.levels[self._start().concurrency_index]))
+        best, since_best, duplicates = -math.inf, 0, 0
+        while self._completed() < self.max_trials and duplicates < 50:
+            if self._completed() >= self.min_trials and since_best >= (
+                self.settings.early_exit_threshold
+            ):
+                break
+            trial = self.study.ask()
+            params, level = self._suggest(trial)
+            ours = self._trial(params, level)
+            trial.set_user_attr("trial", ours.params_json + f"@{level}")
+            done = self._finished_elsewhere(params, level)
+            if ours in self.asked or done is not None:
+                duplicates += 1
+                if done is not None:
+                    self.study.tell(trial, done.values)
+                else:
+                    self._tell(trial, self.asked[ours])
+                continue
+            duplicates = 0
+            outcome = yield from self._measure(ours)
+            score = self._tell(trial, outcome)
+            if score is not None and score > best + abs(best) * self.min_gain:
+                best, since_best = score, 0
+            else:
+                since_best += 1
+        yield from self._final_sweeps()
+
+    def _tell(self, trial: optuna.Trial, outcome: Outcome) -> float | None:
+        if not outcome.ok:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return None
+        for name, value in outcome.extra.get("constraints", {}).items():
+            trial.set_constraint(name, value)
+        values = self._values(outcome)
+        self.study.tell(trial, values if len(values) > 1 else values[0])
+        return outcome.extra.get("score", outcome.throughput) if outcome.satisfies_constraints \
+            else None
