@@ -20,7 +20,7 @@ def test_perf_analyzer_drives_the_worker(examples_worker, protocol, model, tmp_p
     csv = tmp_path / "pa.csv"
     cmd = [
         str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
-        "--concurrency-range", "1:8:7", "-p", "500", "-s", "30", "-r", "20", "-f", str(csv),
+        "--concurrency-range", "1:8:7", "-p", "500", "-s", "100", "-r", "30", "-f", str(csv),
     ]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
