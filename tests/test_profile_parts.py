@@ -283,3 +283,31 @@ def test_optuna_search_finds_the_best_region_and_resumes_its_study(tmp_path):
     # a second process on the same study: trials already finished are not measured again
     again = OptunaSearch(load_search_space(), limits, settings)
     assert again._completed() >= 20
+
+
+def test_two_searches_sharing_a_study_never_measure_the_same_point(tmp_path):
+    from analyzer.search.optuna import OptunaSearch, OptunaSettings
+
+    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=8, max_instance_count=2,
+                          max_concurrency=16)  # fmt: skip
+    settings = OptunaSettings(storage=f"sqlite:///{tmp_path / 'shared.db'}", study_name="s",
+                              seed=None, min_trials=30, max_trials=40,
+                              max_percentage=100)  # fmt: skip
+    a = OptunaSearch(load_search_space(), limits, settings)
+    b = OptunaSearch(load_search_space(), limits, settings)
+    pending = {"a": a.ask(), "b": b.ask()}  # both hold a point at once, as two hosts would
+    phases = {"a": a.phase, "b": b.phase}
+    study_points = []
+    while any(pending.values()):
+        for name, search in (("a", a), ("b", b)):
+            trial = pending[name]
+            if trial is None:
+                continue
+            if phases[name] == "study":
+                study_points.append(trial)
+            value = _synthetic(trial)
+            search.tell(trial, Outcome(ok=True, throughput=value, extra={"score": value}))
+            pending[name] = search.ask()
+            phases[name] = search.phase
+    assert len(study_points) >= 20
+    assert len(set(study_points)) == len(study_points)  # the two divided the study's points

@@ -112,11 +112,21 @@ class OptunaSearch(QuickSearch):
                 return frozen
         return None
 
+    def _running_elsewhere(self, trial: optuna.Trial) -> bool:
+        """Another trial with the same point is running (an earlier number wins a tie)."""
+        wanted = trial.user_attrs.get("trial")
+        running = self.study.get_trials(deepcopy=False,
+                                        states=(optuna.trial.TrialState.RUNNING,))  # fmt: skip
+        return any(t.user_attrs.get("trial") == wanted and t.number < trial.number
+                   for t in running)  # fmt: skip
+
     def _completed(self) -> int:
         return len(self._complete_trials())
 
     def _search(self) -> Generator[Trial, None, None]:
+        self.phase = "baseline"
         yield from self._measure(self._trial({}, self.levels[self._start().concurrency_index]))
+        self.phase = "study"
         best, since_best, duplicates = -math.inf, 0, 0
         while self._completed() < self.max_trials and duplicates < 50:
             if self._completed() >= self.min_trials and since_best >= (
@@ -128,6 +138,10 @@ class OptunaSearch(QuickSearch):
             ours = self._trial(params, level)
             trial.set_user_attr("trial", ours.params_json + f"@{level}")
             done = self._finished_elsewhere(params, level)
+            if done is None and self._running_elsewhere(trial):
+                duplicates += 1  # another process measures this point right now
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
             if ours in self.asked or done is not None:
                 duplicates += 1
                 if done is not None:
@@ -142,6 +156,7 @@ class OptunaSearch(QuickSearch):
                 best, since_best = score, 0
             else:
                 since_best += 1
+        self.phase = "sweeps"
         yield from self._final_sweeps()
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> float | None:
