@@ -93,11 +93,11 @@ def main() -> int:
                 again = remeasure(model, {"brute": brute, **runs}, work)
                 gaps = [1 - again[name] / again["brute"] for name in runs]
                 share = [run["measured"] / brute["measured"] for run in runs.values()]
-                print(f"  {mode}: points {statistics.median(r['measured'] for r in runs.values()):.0f}"
-                      f" = {statistics.median(share):.0%} of brute (min {min(share):.0%}, max "
-                      f"{max(share):.0%}); gap to brute's best, re-measured side by side: median "
-                      f"{statistics.median(gaps):+.1%} (min {min(gaps):+.1%}, max {max(gaps):+.1%})",
-                      flush=True)  # fmt: skip
+                points = statistics.median(r["measured"] for r in runs.values())
+                print(f"  {mode}: points {points:.0f} = {statistics.median(share):.0%} of brute "
+                      f"(min {min(share):.0%}, max {max(share):.0%}); gap to brute's best, "
+                      f"re-measured side by side: median {statistics.median(gaps):+.1%} "
+                      f"(min {min(gaps):+.1%}, max {max(gaps):+.1%})", flush=True)  # fmt: skip
                 for name, run in runs.items():
                     print(f"    seed {name[1:]}: {run['measured']} points, best "
                           f"{run['best']['name']} ({run['best']['description']['instance_group']}, "
