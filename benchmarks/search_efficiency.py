@@ -50,9 +50,9 @@ def profile(model: str, mode: str, seed: int, work: Path) -> dict:
             "wall_s": document["stats"]["wall_s"], "export": export}  # fmt: skip
 
 
-def remeasure(model: str, runs: dict[str, dict], work: Path) -> dict[str, float]:
+def remeasure(model: str, tag: str, runs: dict[str, dict], work: Path) -> dict[str, float]:
     """Each run's winner, re-measured side by side with -c at its best point (3 pairs)."""
-    repo = work / f"{model}-winners"
+    repo = work / f"{model}-{tag}-winners"
     repo.mkdir()
     for name, run in runs.items():
         shutil.copytree(Path(run["best"]["path"]), repo / f"w_{name}")
@@ -64,7 +64,7 @@ def remeasure(model: str, runs: dict[str, dict], work: Path) -> dict[str, float]
         order = list(runs) if pair % 2 == 0 else list(reversed(runs))
         for name in order:
             best = runs[name]["best"]["best"]
-            export = work / f"{model}-again-{name}-{pair}"
+            export = work / f"{model}-{tag}-again-{name}-{pair}"
             cmd = [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(repo),
                    "--profile-models", f"w_{name}", "--run-config-search-disable",
                    "-c", str(best["value"]), "--client-protocol", "http",
@@ -90,7 +90,7 @@ def main() -> int:
                   f"{brute['throughput']:.0f} infer/s ({brute['wall_s']:.0f} s)", flush=True)
             for mode in ("quick", "optuna"):
                 runs = {f"s{seed}": profile(model, mode, seed, work) for seed in seeds}
-                again = remeasure(model, {"brute": brute, **runs}, work)
+                again = remeasure(model, mode, {"brute": brute, **runs}, work)
                 gaps = [1 - again[name] / again["brute"] for name in runs]
                 share = [run["measured"] / brute["measured"] for run in runs.values()]
                 points = statistics.median(r["measured"] for r in runs.values())
