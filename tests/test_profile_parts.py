@@ -311,3 +311,15 @@ def test_two_searches_sharing_a_study_never_measure_the_same_point(tmp_path):
             phases[name] = search.phase
     assert len(study_points) >= 20
     assert len(set(study_points)) == len(study_points)  # the two divided the study's points
+
+
+def test_help_lists_the_flags():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "analyzer", "profile", "--help"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0
+    for flag in ("--run-config-search-max-concurrency", "--override-output-model-repository",
+                 "--latency-budget", "--optuna-max-trials", "--storage", "--shape"):
+        assert flag in run.stdout
