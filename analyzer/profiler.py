@@ -11,6 +11,7 @@ and measures only what is missing (no worker is even started when nothing is).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -396,8 +397,8 @@ class Profiler:
             key = (result.name, trial.batch_size, options.protocol)
             if self.payload_key != key:
                 io = model_io(control.model_metadata(), control.model_config())
-                opts = PerfOptions(**{**options.__dict__, "model": result.name, "url": url,
-                                      "batch_size": trial.batch_size})  # fmt: skip
+                opts = dataclasses.replace(options, model=result.name, url=url,
+                                           batch_size=trial.batch_size)  # fmt: skip
                 payloads = encode_payloads(opts, io)
                 if self.client is None:
                     processes = max(1, self.config.client_processes)

@@ -45,6 +45,17 @@ def workers_serving(out: Path) -> list[psutil.Process]:
     return found
 
 
+def repo_with(tmp_path: Path, name: str, model_py: str) -> Path:
+    """A repository with add_sub and `name`: add_sub's config with this model.py."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    shutil.copytree(EXAMPLES / "add_sub", repo / name)
+    config = (repo / name / "config.pbtxt").read_text().replace('"add_sub"', f'"{name}"')
+    (repo / name / "config.pbtxt").write_text(config)
+    (repo / name / "1" / "model.py").write_text(model_py)
+    return repo
+
+
 def results(exp: Path) -> dict:
     return json.loads((exp / "results" / "profile_results.json").read_text())
 
@@ -160,16 +171,11 @@ def test_latency_constraint_is_honoured_on_the_torchscript_example(tmp_path):
 
 
 def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
-    repo = tmp_path / "repo"
-    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
-    shutil.copytree(EXAMPLES / "add_sub", repo / "broken")
-    config = (repo / "broken" / "config.pbtxt").read_text().replace('"add_sub"', '"broken"')
-    (repo / "broken" / "config.pbtxt").write_text(config)
-    (repo / "broken" / "1" / "model.py").write_text(
+    repo = repo_with(tmp_path, "broken", (
         "class TritonPythonModel:\n"
         "    def initialize(self, args):\n"
         "        raise RuntimeError('weights file is missing')\n"
-    )
+    ))  # fmt: skip
     run = profile(
         tmp_path, "--model-repository", str(repo), "--profile-models", "broken,add_sub,missing",
         "--output-model-repository-path", "OUT", "--export-path", "EXP", "-c", "1",
@@ -257,17 +263,12 @@ def test_ctrl_c_stops_the_worker_and_keeps_the_points(tmp_path):
 
 
 def test_a_config_that_crashes_the_worker_is_recorded_and_the_worker_restarted(tmp_path):
-    repo = tmp_path / "repo"
-    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
-    shutil.copytree(EXAMPLES / "add_sub", repo / "crasher")
-    config = (repo / "crasher" / "config.pbtxt").read_text().replace('"add_sub"', '"crasher"')
-    (repo / "crasher" / "config.pbtxt").write_text(config)
-    (repo / "crasher" / "1" / "model.py").write_text(
+    repo = repo_with(tmp_path, "crasher", (
         "import os, signal\n"
         "class TritonPythonModel:\n"
         "    def execute(self, requests):\n"
         "        os.kill(os.getppid(), signal.SIGKILL)  # the stub's parent is the worker\n"
-    )
+    ))  # fmt: skip
     run = profile(
         tmp_path, "--model-repository", str(repo), "--profile-models", "crasher,add_sub",
         "--output-model-repository-path", "OUT", "--export-path", "EXP", "-c", "1",

@@ -80,7 +80,3 @@ class Checkpoint:
     def record_failure(self, key: str, error: str) -> None:
         self.failures[key] = error
         self._append({"type": "failure", "key": key, "error": error})
-
-    def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self.points, self.failures, self.meta, self.resumed = {}, {}, {}, False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,3 +55,35 @@ class SearchStrategy(ABC):
     @abstractmethod
     def tell(self, trial: Trial, outcome: Outcome) -> None:
         """The result of the last trial asked."""
+
+
+class WalkStrategy(SearchStrategy):
+    """A strategy written as one generator: `_walk()` yields trials and reads `self._last` (the
+    outcome told for the trial it just yielded) to decide what comes next."""
+
+    def __init__(self) -> None:
+        self._last: Outcome | None = None
+        self._pending: Trial | None = None
+        self._steps: Generator[Trial, None, None] | None = None
+
+    @abstractmethod
+    def _walk(self) -> Generator[Trial, None, None]: ...
+
+    def _told(self, trial: Trial, outcome: Outcome) -> None:  # noqa: B027 - optional hook
+        """Bookkeeping of subclasses, called by tell()."""
+
+    def ask(self) -> Trial | None:
+        if self._pending is None:
+            if self._steps is None:
+                self._steps = self._walk()
+            try:
+                self._pending = next(self._steps)
+            except StopIteration:
+                return None
+        return self._pending
+
+    def tell(self, trial: Trial, outcome: Outcome) -> None:
+        if trial != self._pending:
+            raise RuntimeError("tell() must answer the trial that ask() returned")
+        self._last, self._pending = outcome, None
+        self._told(trial, outcome)

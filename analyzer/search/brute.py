@@ -15,7 +15,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer.search.base import Outcome, SearchStrategy, Trial
+from analyzer.search.base import Trial, WalkStrategy
 from analyzer.search.space import SearchSpace, Sweep
 
 
@@ -55,31 +55,13 @@ def expand_manual(value: Any) -> list[Any]:
     return [value]
 
 
-class BruteSearch(SearchStrategy):
+class BruteSearch(WalkStrategy):
     def __init__(self, space: SearchSpace, limits: SearchLimits) -> None:
+        super().__init__()
         self.space = space
         self.limits = limits
-        self._last: Outcome | None = None
-        self._walk = self._variants()
-        self._pending: Trial | None = None
 
-    def ask(self) -> Trial | None:
-        if self._pending is not None:
-            return self._pending
-        try:
-            self._pending = next(self._walk)
-        except StopIteration:
-            return None
-        return self._pending
-
-    def tell(self, trial: Trial, outcome: Outcome) -> None:
-        if trial != self._pending:
-            raise RuntimeError("tell() must answer the trial that ask() returned")
-        self._last = outcome
-        self._pending = None
-
-    # ---- walks (generators that read self._last after each yield) ---------------------------
-    def _variants(self) -> Generator[Trial, None, None]:
+    def _walk(self) -> Generator[Trial, None, None]:
         limits = self.limits
         yield from self._sweep({}, limits.model_max_batch_size)
         if limits.manual:
@@ -147,9 +129,6 @@ class BruteSearch(SearchStrategy):
                 best = max(best, outcome.throughput)
                 if self.limits.early_exit and outcome.breaks_latency_limit:
                     break
-                if sweep is not None and len(seen) >= sweep.plateau_window:
-                    recent = seen[-sweep.plateau_window :]
-                    first = recent[0]
-                    if first > 0 and (max(recent) - first) / first <= sweep.plateau_min_gain:
-                        break
+                if sweep is not None and sweep.plateaued(seen):
+                    break
         return best

@@ -123,7 +123,7 @@ class OptunaSearch(QuickSearch):
     def _completed(self) -> int:
         return len(self._complete_trials())
 
-    def _search(self) -> Generator[Trial, None, None]:
+    def _walk(self) -> Generator[Trial, None, None]:
         self.phase = "baseline"
         yield from self._measure(self._trial({}, self.levels[self._start().concurrency_index]))
         self.phase = "study"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from analyzer.search.base import Outcome, SearchStrategy, Trial
+from analyzer.search.base import Outcome, Trial, WalkStrategy
 from analyzer.search.brute import SearchLimits
 from analyzer.search.space import SearchSpace
 
@@ -29,11 +29,12 @@ class State:
     concurrency_index: int  # index into the concurrency values
 
 
-class QuickSearch(SearchStrategy):
+class QuickSearch(WalkStrategy):
     def __init__(
         self, space: SearchSpace, limits: SearchLimits, top_configs: int = 3,
         min_gain: float = 0.01,
     ) -> None:  # fmt: skip
+        super().__init__()
         self.space = space
         self.limits = limits
         self.top_configs = top_configs
@@ -48,22 +49,8 @@ class QuickSearch(SearchStrategy):
         self.batch = min(limits.batch_sizes)
         self.asked: dict[Trial, Outcome] = {}
         self.best_by_config: dict[str, float] = {}
-        self._last: Outcome | None = None
-        self._pending: Trial | None = None
-        self._walk = self._search()
 
-    def ask(self) -> Trial | None:
-        if self._pending is None:
-            try:
-                self._pending = next(self._walk)
-            except StopIteration:
-                return None
-        return self._pending
-
-    def tell(self, trial: Trial, outcome: Outcome) -> None:
-        if trial != self._pending:
-            raise RuntimeError("tell() must answer the trial that ask() returned")
-        self._last, self._pending = outcome, None
+    def _told(self, trial: Trial, outcome: Outcome) -> None:
         self.asked[trial] = outcome
         if outcome.ok:
             score = _score(outcome)
@@ -122,7 +109,7 @@ class QuickSearch(SearchStrategy):
             self._trial(self._params(state), self.levels[state.concurrency_index]))
         return _score(outcome) if outcome.ok else None
 
-    def _search(self) -> Generator[Trial, None, None]:
+    def _walk(self) -> Generator[Trial, None, None]:
         # the model's own config first, over the concurrency levels around MA's formula
         start = self._start()
         yield from self._measure(self._trial({}, self.levels[start.concurrency_index]))
@@ -154,12 +141,8 @@ class QuickSearch(SearchStrategy):
                 seen.append(outcome.throughput)
                 if self.limits.early_exit and outcome.breaks_latency_limit:
                     break
-                if not self.limits.concurrency and len(seen) >= sweep.plateau_window:
-                    recent = seen[-sweep.plateau_window :]
-                    if recent[0] > 0 and (max(recent) - recent[0]) / recent[0] <= (
-                        sweep.plateau_min_gain
-                    ):
-                        break
+                if not self.limits.concurrency and sweep.plateaued(seen):
+                    break
 
 
 def _score(outcome: Outcome) -> float:

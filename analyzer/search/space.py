@@ -27,6 +27,14 @@ class Sweep:
     plateau_window: int = 4
     plateau_min_gain: float = 0.05
 
+    def plateaued(self, seen: list[float]) -> bool:
+        """MA's rule: the best of the last `plateau_window` points is at most `plateau_min_gain`
+        above the first of them."""
+        if len(seen) < self.plateau_window:
+            return False
+        recent = seen[-self.plateau_window :]
+        return recent[0] > 0 and (max(recent) - recent[0]) / recent[0] <= self.plateau_min_gain
+
     def values(self, low: int, high: int) -> list[int]:
         if self.scale == "linear":
             return list(range(low, high + 1, self.step))
