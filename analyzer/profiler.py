@@ -52,6 +52,7 @@ from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.ranking import ConfigResult, Ranker
 from analyzer.search.base import Outcome, SearchStrategy, Trial
 from analyzer.search.brute import BruteSearch, SearchLimits
+from analyzer.search.ledger import owner_id
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import load_search_space
@@ -64,6 +65,7 @@ class ModelOutcome:
     results: list[ConfigResult] = field(default_factory=list)  # ranked after the run
     error: str = ""  # the model could not be profiled at all
     skipped: list[str] = field(default_factory=list)  # combinations that cannot work
+    study: dict[str, str] = field(default_factory=dict)  # optuna: storage URL and study name
 
     @property
     def default(self) -> ConfigResult | None:
@@ -76,6 +78,7 @@ class ProfileOutcome:
     models: list[ModelOutcome]
     measured: int = 0  # points measured in this run
     reused: int = 0  # points taken from the checkpoint
+    shared: int = 0  # points another process sharing the study measured
     worker_starts: int = 0
     wall_s: float = 0.0
     server_only: list[dict[str, Any]] = field(default_factory=list)
@@ -222,37 +225,53 @@ class Profiler:
             model.error = f"model '{spec.name}': {err}"
             self.listener("model_failed", {"model": spec.name, "error": model.error})
             return
-        fingerprint = json.dumps([spec.name, _files_digest(source.path), options.protocol,
-                                  options.input_data, options.distribution,
-                                  sorted(options.shapes.items()), options.string_length,
-                                  settings.mode, settings.window_ms, settings.request_count,
-                                  settings.stability_pct, settings.max_trials,
-                                  settings.percentile])  # fmt: skip
-        ranker = Ranker(spec.objectives, spec.constraints)
+        fingerprint = [spec.name, _files_digest(source.path), options.protocol,
+                       options.input_data, options.distribution, sorted(options.shapes.items()),
+                       options.string_length, settings.mode, settings.window_ms,
+                       settings.request_count, settings.stability_pct, settings.max_trials,
+                       settings.percentile, spec.batch_sizes]  # fmt: skip
         # Unloading frees a variant's instances, but allocators keep some memory (torch's CUDA
         # cache, glibc arenas): when memory is ranked on, each variant gets a fresh worker.
         self.fresh_worker_per_variant = bool(MEMORY_TAGS & (set(spec.objectives)
                                                             | set(spec.constraints)))  # fmt: skip
-        search = self._strategy(spec, source, space)
+        search = self._strategy(spec, source, space, json.dumps(fingerprint[:1] + fingerprint[2:]),
+                                model)
         variants: dict[str, ConfigResult | None] = {}
+        try:
+            self._search(model, source, search, variants, cpu_only, fingerprint, checkpoint)
+        finally:
+            if isinstance(search, OptunaSearch):
+                search.close()
+        if isinstance(search, OptunaSearch):
+            self._merge_shared(model, source, search, variants, cpu_only)
+
+    def _search(
+        self, model: ModelOutcome, source: ModelSource, search: SearchStrategy,
+        variants: dict[str, ConfigResult | None], cpu_only: bool, fingerprint: list,
+        checkpoint: Checkpoint,
+    ) -> None:  # fmt: skip
+        spec = model.spec
+        settings, options = self._settings(spec)
+        ranker = Ranker(spec.objectives, spec.constraints)
         current: ConfigResult | None = None
+        fingerprint_text = json.dumps(fingerprint)
         while (trial := search.ask()) is not None:
             if trial.params_json not in variants:
                 variants[trial.params_json] = self._new_variant(model, source, trial, cpu_only)
             result = variants[trial.params_json]
             if result is None:  # a combination that cannot work
-                search.tell(trial, Outcome(ok=False))
+                search.tell(trial, Outcome(ok=False, extra={"error": "cannot be built"}))
                 continue
             if current is not None and current is not result:
                 self._unload()
             current = result
-            ckey = config_key(result.config_text, fingerprint)
+            ckey = config_key(result.config_text, fingerprint_text)
             if ckey in checkpoint.failures:
                 result.error = checkpoint.failures[ckey]
-                search.tell(trial, Outcome(ok=False))
+                search.tell(trial, Outcome(ok=False, extra={"error": result.error}))
                 continue
             pkey = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
-                             fingerprint)  # fmt: skip
+                             fingerprint_text)  # fmt: skip
             measurement = checkpoint.points.get(pkey)
             if measurement is not None:
                 measurement.config_name = result.name
@@ -269,7 +288,7 @@ class Profiler:
                     checkpoint.record_failure(ckey, result.error)
                     self.listener("config_failed", {"result": result})
                     self._recover()
-                    search.tell(trial, Outcome(ok=False))
+                    search.tell(trial, Outcome(ok=False, extra={"error": result.error}))
                     continue
                 checkpoint.record_point(pkey, measurement)
                 self.outcome.measured += 1
@@ -283,11 +302,39 @@ class Profiler:
                 breaks_latency_limit=ranker.breaks_latency_limit(measurement),
                 satisfies_constraints=not violations,
                 extra={"score": ranker.score(measurement), "metrics": measurement.metrics,
-                       "constraints": ranker.constraint_values(measurement)},
+                       "constraints": ranker.constraint_values(measurement),
+                       "measurement": measurement.to_dict(),
+                       "config": {"description": result.description,
+                                  "config_text": result.config_text}},
             ))  # fmt: skip
         self._unload()
 
-    def _strategy(self, spec: ModelSpec, source: ModelSource, space) -> SearchStrategy:
+    def _merge_shared(
+        self, model: ModelOutcome, source: ModelSource, search: OptunaSearch,
+        variants: dict[str, ConfigResult | None], cpu_only: bool,
+    ) -> None:  # fmt: skip
+        """Points other processes sharing the study measured join this run's results."""
+        have = {(key, m.load, m.value, m.batch_size) for key, r in variants.items()
+                if r is not None for m in r.measurements}  # fmt: skip
+        for point in search.ledger.points():
+            t = point.trial
+            if (t.params_json, t.load, t.value, t.batch_size) in have:
+                continue
+            if t.params_json not in variants:
+                variants[t.params_json] = self._new_variant(model, source, t, cpu_only)
+            result = variants[t.params_json]
+            if result is None:
+                continue
+            measurement = Measurement.from_dict(point.measurement)
+            measurement.config_name = result.name
+            measurement.host = measurement.host or point.host
+            result.measurements.append(measurement)
+            have.add((t.params_json, t.load, t.value, t.batch_size))
+            self.outcome.shared += 1
+
+    def _strategy(
+        self, spec: ModelSpec, source: ModelSource, space, fingerprint: str, model: ModelOutcome
+    ) -> SearchStrategy:
         c = self.config
         limits = self._limits(spec, source)
         mode = c.run_config_search_mode
@@ -296,15 +343,20 @@ class Profiler:
         if mode == "quick":
             return QuickSearch(space, limits, top_configs=c.num_configs_per_model)
         tags = tuple(c.optuna_objectives or ())
+        study_name = c.study_name or f"model-analyzer-{spec.name}"
+        if c.study_name and len(c.models) > 1:
+            study_name = f"{c.study_name}-{spec.name}"  # one study per model
         storage = c.storage or f"sqlite:///{c.checkpoints / 'optuna.db'}"
         c.checkpoints.mkdir(parents=True, exist_ok=True)
         settings = OptunaSettings(
-            storage=storage, study_name=c.study_name or f"model-analyzer-{spec.name}",
+            storage=storage, study_name=study_name,
             sampler=c.optuna_sampler, seed=c.seed, min_trials=c.optuna_min_trials,
             max_trials=c.optuna_max_trials, early_exit_threshold=c.optuna_early_exit_threshold,
             min_percentage=c.min_percentage_of_search_space,
             max_percentage=c.max_percentage_of_search_space, objectives=tags,
+            fingerprint=fingerprint,
         )  # fmt: skip
+        model.study = {"storage": storage, "study_name": settings.study_name}
         directions = [
             "maximize" if METRIC_DIRECTIONS[t] else "minimize" for t in tags
         ] or ["maximize"]
@@ -424,7 +476,10 @@ class Profiler:
                 f"the worker exited ({launcher.exit_status()}) during the measurement; its last "
                 f"log lines:\n{launcher.last_words()}"
             )
-        return from_point(point, result.model, result.name, trial.load, trial.value, time.time())
+        measurement = from_point(point, result.model, result.name, trial.load, trial.value,
+                                 time.time())  # fmt: skip
+        measurement.host = owner_id()
+        return measurement
 
     def _failure_text(self, err: Exception) -> str:
         text = str(err).strip()

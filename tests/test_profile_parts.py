@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -293,24 +295,32 @@ def test_two_searches_sharing_a_study_never_measure_the_same_point(tmp_path):
     settings = OptunaSettings(storage=f"sqlite:///{tmp_path / 'shared.db'}", study_name="s",
                               seed=None, min_trials=30, max_trials=40,
                               max_percentage=100)  # fmt: skip
-    a = OptunaSearch(load_search_space(), limits, settings)
-    b = OptunaSearch(load_search_space(), limits, settings)
-    pending = {"a": a.ask(), "b": b.ask()}  # both hold a point at once, as two hosts would
-    phases = {"a": a.phase, "b": b.phase}
-    study_points = []
-    while any(pending.values()):
-        for name, search in (("a", a), ("b", b)):
-            trial = pending[name]
-            if trial is None:
-                continue
-            if phases[name] == "study":
-                study_points.append(trial)
+    searches = [OptunaSearch(load_search_space(), limits, settings) for _ in range(2)]
+    study_points: list[list] = [[], []]
+
+    def drive(i: int) -> None:  # one thread per search, as two processes would run
+        search = searches[i]
+        while (trial := search.ask()) is not None:
+            if search.phase == "study":
+                study_points[i].append(trial)
+            time.sleep(0.01)  # measuring
             value = _synthetic(trial)
             search.tell(trial, Outcome(ok=True, throughput=value, extra={"score": value}))
-            pending[name] = search.ask()
-            phases[name] = search.phase
-    assert len(study_points) >= 20
-    assert len(set(study_points)) == len(study_points)  # the two divided the study's points
+        search.close()
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert all(study_points), "both searches measured study points"
+    measured = study_points[0] + study_points[1]
+    assert len(measured) >= 20
+    assert len(set(measured)) == len(measured)  # the two divided the study's points
+    finished = [t.user_attrs["point"] for t in searches[0].ledger.study.get_trials()
+                if t.state.name == "COMPLETE"]  # fmt: skip
+    assert len(finished) >= len(measured)
+    assert len(set(finished)) == len(finished)  # no point finished twice, sweeps included
 
 
 def test_help_lists_the_flags():

@@ -160,7 +160,8 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         _print_across_models(outcome, console)
     console.print(
         f"\n{outcome.measured} points measured, {outcome.reused} taken from the checkpoint, "
-        f"{outcome.worker_starts} worker start(s), {outcome.wall_s:.0f} s."
+        + (f"{outcome.shared} from other processes sharing the study, " if outcome.shared else "")
+        + f"{outcome.worker_starts} worker start(s), {outcome.wall_s:.0f} s."
     )
     console.print(f"Configs: {c.output_model_repository_path}")
     for label, path in paths.items():

@@ -185,6 +185,7 @@ def results_document(outcome) -> dict[str, Any]:
         models.append({
             "name": model.spec.name, "error": model.error, "skipped": model.skipped,
             "objectives": model.spec.objectives, "constraints": model.spec.constraints,
+            "study": model.study,
             "top": [r.name for r in model.results if r.measurements][: c.num_configs_per_model],
             "configs": configs,
         })  # fmt: skip
@@ -195,7 +196,7 @@ def results_document(outcome) -> dict[str, Any]:
         "settings": c.values,
         "machine": machine_info(),
         "instance_kind": outcome.kind,
-        "stats": {"measured": outcome.measured, "reused": outcome.reused,
+        "stats": {"measured": outcome.measured, "reused": outcome.reused, "shared": outcome.shared,
                   "worker_starts": outcome.worker_starts, "wall_s": outcome.wall_s},
         "server_only": outcome.server_only,
         "top_across_models": [r.name for r in top_across_models(outcome)]

@@ -27,6 +27,7 @@ class Measurement:
     errors: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     taken_at: float = 0.0  # unix time
+    host: str = ""  # the process that measured it (hostname:pid), for studies shared by many
 
     def metric(self, tag: str) -> float | None:
         if tag == "perf_latency":

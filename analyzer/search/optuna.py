@@ -2,9 +2,10 @@
 concurrency; each Optuna trial is one measured point.
 
 The study lives in an Optuna storage (a SQLite file in the checkpoint folder by default, so a rerun
-resumes it; PostgreSQL to share one study between processes and hosts). Before a point is measured
-the study is searched for a finished trial with the same parameters -- from this process or any
-other -- and its values are reused, so processes sharing a study divide the work. Constraints go
+resumes it; PostgreSQL to share one study between processes and hosts). Every point -- baseline,
+study trial, final sweep -- is claimed in the study's points ledger (ledger.py) before it is
+measured: a point any process finished is reused, one another process is measuring is skipped
+(study) or waited for (sweeps), so processes sharing a study divide the work. Constraints go
 to the samplers through `Trial.set_constraint` (feasible when <= 0). Trials stop after MA's budget:
 between optuna_min_trials / min_percentage_of_search_space and optuna_max_trials /
 max_percentage_of_search_space, and early when the best has not improved for
@@ -13,6 +14,7 @@ optuna_early_exit_threshold trials. The best configs then get a full concurrency
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -22,6 +24,14 @@ import optuna
 
 from analyzer.search.base import Outcome, Trial
 from analyzer.search.brute import SearchLimits
+from analyzer.search.ledger import (
+    Claim,
+    Ledger,
+    StudyStorageError,
+    open_storage,
+    outcome_of,
+    point_key,
+)
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import SearchSpace
 
@@ -40,6 +50,7 @@ class OptunaSettings:
     min_percentage: float = 5.0
     max_percentage: float = 10.0
     objectives: tuple[str, ...] = ()  # () = the weighted score; else tags for multi-objective
+    fingerprint: str = ""  # what makes points comparable: processes joining a study must match
 
 
 def _sampler(name: str, seed: int | None, multi: bool) -> optuna.samplers.BaseSampler:
@@ -61,8 +72,9 @@ class OptunaSearch(QuickSearch):
         self.settings = settings
         multi = bool(settings.objectives)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = open_storage(settings.storage)
         self.study = optuna.create_study(
-            storage=settings.storage,
+            storage=storage,
             study_name=settings.study_name,
             sampler=_sampler(settings.sampler, settings.seed, multi),
             directions=directions or ["maximize"],
@@ -72,8 +84,27 @@ class OptunaSearch(QuickSearch):
         low = max(settings.min_trials, math.ceil(size * settings.min_percentage / 100))
         high = min(settings.max_trials, math.ceil(size * settings.max_percentage / 100))
         self.space_size = size
+        self._check_fingerprint(directions or ["maximize"])
+        self.ledger = Ledger(storage, settings.study_name)
+        self._claims: dict[Trial, Claim] = {}
+        self.shared = 0  # points finished by another process (or an earlier run) and reused
         self.min_trials = min(low, size)
         self.max_trials = min(max(high, self.min_trials), size)
+
+    def _check_fingerprint(self, directions: list[str]) -> None:
+        """Points of one study must be comparable: same measurement settings, objectives and
+        search space in every process that joins it."""
+        mine = json.dumps([self.settings.fingerprint, self.settings.objectives, directions,
+                           self.counts, self.sizes, self.delays, self.levels])  # fmt: skip
+        theirs = self.study.user_attrs.get("fingerprint")
+        if theirs is None:
+            self.study.set_user_attr("fingerprint", mine)
+        elif theirs != mine:
+            raise StudyStorageError(
+                f"study '{self.settings.study_name}' was started with other measurement settings, "
+                "objectives or search limits than this run; pass another --study-name (or the "
+                "same settings) to continue"
+            )
 
     # ---- the study -----------------------------------------------------------------------------
     def _suggest(self, trial: optuna.Trial) -> tuple[dict[str, Any], int]:
@@ -99,36 +130,54 @@ class OptunaSearch(QuickSearch):
         metrics = outcome.extra.get("metrics", {})
         return [float(metrics.get(tag, 0.0)) for tag in self.settings.objectives]
 
-    def _complete_trials(self) -> list[optuna.trial.FrozenTrial]:
-        done = (optuna.trial.TrialState.COMPLETE,)
-        return self.study.get_trials(deepcopy=False, states=done)
-
-    def _finished_elsewhere(
-        self, params: dict[str, Any], level: int
-    ) -> optuna.trial.FrozenTrial | None:
-        wanted = Trial.make(params, "concurrency", level, self.batch).params_json + f"@{level}"
-        for frozen in self._complete_trials():
-            if frozen.user_attrs.get("trial") == wanted:
-                return frozen
-        return None
-
-    def _running_elsewhere(self, trial: optuna.Trial) -> bool:
-        """Another trial with the same point is running (an earlier number wins a tie)."""
-        wanted = trial.user_attrs.get("trial")
-        running = self.study.get_trials(deepcopy=False,
-                                        states=(optuna.trial.TrialState.RUNNING,))  # fmt: skip
-        return any(t.user_attrs.get("trial") == wanted and t.number < trial.number
-                   for t in running)  # fmt: skip
-
     def _completed(self) -> int:
-        return len(self._complete_trials())
+        done = (optuna.trial.TrialState.COMPLETE,)
+        return len(self.study.get_trials(deepcopy=False, states=done))
+
+    # ---- points, through the ledger ------------------------------------------------------------
+    def _measure(self, trial: Trial) -> Generator[Trial, None, Outcome]:
+        """Every point (baseline, study, sweeps) is claimed in the ledger first: one finished by
+        any process is reused, one another process is measuring is waited for."""
+        if trial not in self.asked:
+            outcome = yield from self._claimed(trial, wait=True)
+            assert outcome is not None
+        return self.asked[trial]
+
+    def _claimed(self, trial: Trial, wait: bool) -> Generator[Trial, None, Outcome | None]:
+        claim = self.ledger.claim(trial, wait)
+        if claim.state == "busy":
+            return None
+        if claim.state == "done":
+            assert claim.done is not None
+            self.shared += 1
+            self._told(trial, outcome_of(claim.done))
+        else:
+            self._claims[trial] = claim
+            yield trial
+        return self.asked[trial]
+
+    def _told(self, trial: Trial, outcome: Outcome) -> None:
+        super()._told(trial, outcome)
+        claim = self._claims.pop(trial, None)
+        if claim is not None:
+            self.ledger.finish(claim, outcome, outcome.extra.get("config"))
+
+    def close(self) -> None:
+        """Give back a claim left unmeasured (the run was interrupted) and stop the heartbeats."""
+        for claim in self._claims.values():
+            try:
+                self.ledger.release(claim)
+            except Exception:  # noqa: BLE001 - a claim not given back goes stale after the grace
+                pass
+        self._claims.clear()
+        self.ledger.close()
 
     def _walk(self) -> Generator[Trial, None, None]:
         self.phase = "baseline"
         yield from self._measure(self._trial({}, self.levels[self._start().concurrency_index]))
         self.phase = "study"
-        best, since_best, duplicates = -math.inf, 0, 0
-        while self._completed() < self.max_trials and duplicates < 50:
+        best, since_best, repeats = -math.inf, 0, 0
+        while self._completed() < self.max_trials and repeats < 50:
             if self._completed() >= self.min_trials and since_best >= (
                 self.settings.early_exit_threshold
             ):
@@ -136,21 +185,17 @@ class OptunaSearch(QuickSearch):
             trial = self.study.ask()
             params, level = self._suggest(trial)
             ours = self._trial(params, level)
-            trial.set_user_attr("trial", ours.params_json + f"@{level}")
-            done = self._finished_elsewhere(params, level)
-            if done is None and self._running_elsewhere(trial):
-                duplicates += 1  # another process measures this point right now
+            trial.set_user_attr("point", point_key(ours))
+            if ours in self.asked:
+                repeats += 1  # the sampler proposed a point this search already knows
+                self._tell(trial, self.asked[ours])
+                continue
+            outcome = yield from self._claimed(ours, wait=False)
+            if outcome is None:
+                repeats += 1  # another process is measuring this point right now
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
-            if ours in self.asked or done is not None:
-                duplicates += 1
-                if done is not None:
-                    self.study.tell(trial, done.values)
-                else:
-                    self._tell(trial, self.asked[ours])
-                continue
-            duplicates = 0
-            outcome = yield from self._measure(ours)
+            repeats = 0
             score = self._tell(trial, outcome)
             if score is not None and score > best + abs(best) * self.min_gain:
                 best, since_best = score, 0

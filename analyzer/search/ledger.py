@@ -1,0 +1,292 @@
+"""The points ledger: which process measures which point, and what every finished point measured.
+
+Processes sharing an Optuna study (one storage URL and study name, on one host or many) share a
+companion study, "<study name>:points", whose trials are measured points rather than sampler
+suggestions, so nothing in it reaches the sampler. A trial there carries the point's key, the
+process that claimed it, and once finished the outcome the search needs, the full measurement and
+the config it was measured on -- which is how every process, and `model-analyzer report`, sees
+the results of all of them.
+
+Claims: a process creates a trial and sets the point's key on it; the point belongs to the
+lowest-numbered running trial holding its key. Keys are set milliseconds after creation, so a
+claim first waits for lower-numbered trials whose key is not set yet. Running claims send
+heartbeats (Optuna's RDB heartbeat); the claim of a process that died is failed after the grace
+period and the point can be claimed again. A point that failed for a real reason (the config does
+not load) keeps its error and is not retried.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.trial import FrozenTrial, TrialState
+
+from analyzer.config.profile_config import ProfileConfigError
+from analyzer.search.base import Outcome, Trial
+
+HEARTBEAT_S = 5
+GRACE_S = 20
+UNKEYED_WAIT_S = 10.0  # a trial created before ours sets its key within this time or never
+POLL_S = 0.5
+
+# Heartbeats are used here with ask/tell, which Optuna supports but warns about.
+warnings.filterwarnings("ignore", category=ExperimentalWarning, module=__name__)
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+
+
+class StudyStorageError(ProfileConfigError):
+    """The study storage cannot be opened; the message names the URL."""
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """An RDB storage with heartbeats; SQLite waits for its lock instead of failing at once."""
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        kwargs = {"connect_args": {"timeout": 60}}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs,
+                                          heartbeat_interval=HEARTBEAT_S,
+                                          grace_period=GRACE_S)  # fmt: skip
+    except ImportError as exc:
+        raise StudyStorageError(
+            f"--storage '{_redact(url)}' needs a database driver that is not installed ({exc}); "
+            "for PostgreSQL: pip install psycopg2-binary"
+        ) from None
+    except Exception as exc:  # sqlalchemy's errors: bad URL, unreachable server, bad password
+        raise StudyStorageError(
+            f"--storage '{_redact(url)}' cannot be opened: {str(exc).splitlines()[0]}"
+        ) from None
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        return f"{scheme}://{credentials.split(':')[0]}:***@{host}"
+    return url
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _dead_here(owner: str) -> bool:
+    """The claim's process ran on this host and is gone (no need to wait for its heartbeat)."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def point_key(trial: Trial) -> str:
+    return f"{trial.params_json}|{trial.load}={trial.value}|batch={trial.batch_size}"
+
+
+@dataclass
+class Claim:
+    state: str  # "mine": measure it; "done": finished (by anyone); "busy": another process has it
+    trial: optuna.Trial | None = None  # ours, when mine
+    done: FrozenTrial | None = None
+
+
+@dataclass
+class SharedPoint:
+    """A finished point from the ledger, as the profiler and the report merge it."""
+
+    trial: Trial
+    measurement: dict[str, Any]
+    config: dict[str, Any]
+    host: str
+
+
+class Ledger:
+    def __init__(self, storage: optuna.storages.RDBStorage, study_name: str) -> None:
+        self.storage = storage
+        self.owner = owner_id()
+        self.study = optuna.create_study(
+            storage=storage, study_name=f"{study_name}:points", direction="maximize",
+            sampler=optuna.samplers.RandomSampler(), load_if_exists=True,
+        )  # fmt: skip
+        self._beating: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeats, daemon=True,
+                                        name="ledger-heartbeat")  # fmt: skip
+        self._thread.start()
+
+    # ---- claims -------------------------------------------------------------------------------
+    def claim(self, trial: Trial, wait: bool) -> Claim:
+        """Claim the point, or learn that it is done; with `wait`, a point another process is
+        measuring is waited for (its result, or its claim going stale) instead of answered busy."""
+        key = point_key(trial)
+        while True:
+            optuna.storages.fail_stale_trials(self.study)
+            state, done = self._look(key, None)
+            if state == "free":
+                ours = self.study.ask()
+                ours.set_user_attr("point", key)
+                ours.set_user_attr("trial", [trial.params_json, trial.load, trial.value,
+                                             trial.batch_size])  # fmt: skip
+                ours.set_user_attr("host", self.owner)
+                self._beat(ours._trial_id)
+                state, done = self._look(key, ours.number)
+                if state == "free":
+                    return Claim("mine", trial=ours)
+                self._drop(ours)
+            if state == "done":
+                return Claim("done", done=done)
+            if not wait:
+                return Claim("busy")
+            time.sleep(POLL_S)
+
+    def _look(self, key: str, number: int | None) -> tuple[str, FrozenTrial | None]:
+        """free / done / busy for `key`, from the point of view of our trial `number` (None: we
+        hold none yet, so any running claim is another's)."""
+        deadline = time.monotonic() + UNKEYED_WAIT_S
+        while True:
+            trials = self.study.get_trials(deepcopy=False)
+            unkeyed = False
+            busy = False
+            for t in trials:
+                if t.number == number:
+                    continue
+                if t.user_attrs.get("point") != key:
+                    if (t.state == TrialState.RUNNING and "point" not in t.user_attrs
+                            and (number is None or t.number < number)):  # fmt: skip
+                        unkeyed = True
+                    continue
+                if t.state == TrialState.COMPLETE or (
+                    t.state == TrialState.FAIL and "error" in t.user_attrs
+                ):
+                    return "done", t
+                if t.state == TrialState.RUNNING and (number is None or t.number < number):
+                    if _dead_here(t.user_attrs.get("host", "")):
+                        self._fail_stale(t)
+                        continue
+                    busy = True
+            if busy:
+                return "busy", None
+            if not unkeyed or time.monotonic() > deadline:
+                return "free", None
+            time.sleep(0.05)
+
+    def _fail_stale(self, t: FrozenTrial) -> None:
+        try:
+            self.storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # finished or failed meanwhile
+
+    def finish(self, claim: Claim, outcome: Outcome, config: dict[str, Any] | None) -> None:
+        """Store what the measurement of our claimed point gave, for every process."""
+        ours = claim.trial
+        assert ours is not None
+        try:
+            if outcome.ok:
+                ours.set_user_attr("outcome", {
+                    "throughput": outcome.throughput,
+                    "breaks_latency_limit": outcome.breaks_latency_limit,
+                    "satisfies_constraints": outcome.satisfies_constraints,
+                    "score": outcome.extra.get("score", outcome.throughput),
+                    "constraints": outcome.extra.get("constraints", {}),
+                })  # fmt: skip
+                if "measurement" in outcome.extra:  # (a search driven without a profiler has none)
+                    ours.set_user_attr("measurement", outcome.extra["measurement"])
+                    ours.set_user_attr("config", config or {})
+                self.study.tell(ours, outcome.throughput)
+            else:
+                ours.set_user_attr("error", str(outcome.extra.get("error") or "failed"))
+                self.study.tell(ours, state=TrialState.FAIL)
+        finally:
+            self._unbeat(ours._trial_id)
+
+    def _drop(self, ours: optuna.Trial) -> None:
+        self._unbeat(ours._trial_id)
+        self.study.tell(ours, state=TrialState.PRUNED)  # a claim that lost the race
+
+    def release(self, claim: Claim) -> None:
+        """Give a claim back unmeasured (the run is ending): another process may take it."""
+        if claim.trial is not None:
+            self._unbeat(claim.trial._trial_id)
+            self.study.tell(claim.trial, state=TrialState.FAIL)
+
+    # ---- reading ------------------------------------------------------------------------------
+    def points(self) -> list[SharedPoint]:
+        return read_points(self.study)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    # ---- heartbeats ---------------------------------------------------------------------------
+    def _beat(self, trial_id: int) -> None:
+        self.storage.record_heartbeat(trial_id)
+        with self._lock:
+            self._beating.add(trial_id)
+
+    def _unbeat(self, trial_id: int) -> None:
+        with self._lock:
+            self._beating.discard(trial_id)
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            with self._lock:
+                ids = list(self._beating)
+            for trial_id in ids:
+                try:
+                    self.storage.record_heartbeat(trial_id)
+                except Exception:  # noqa: BLE001 - a missed beat only risks a stale claim
+                    pass
+
+
+def outcome_of(frozen: FrozenTrial) -> Outcome:
+    """The Outcome a search is told for a point another process (or an earlier run) finished."""
+    if frozen.state != TrialState.COMPLETE:
+        return Outcome(ok=False, extra={"error": frozen.user_attrs.get("error", "failed")})
+    o = frozen.user_attrs["outcome"]
+    m = frozen.user_attrs.get("measurement")
+    extra = {"score": o["score"], "constraints": o["constraints"]}
+    if m is not None:
+        extra |= {"metrics": m["metrics"], "measurement": m}
+    return Outcome(ok=True, throughput=o["throughput"],
+                   breaks_latency_limit=o["breaks_latency_limit"],
+                   satisfies_constraints=o["satisfies_constraints"], extra=extra)
+
+
+def read_points(study: optuna.Study) -> list[SharedPoint]:
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = t.user_attrs
+        if "measurement" not in attrs or "trial" not in attrs:
+            continue
+        params_json, load, value, batch = attrs["trial"]
+        out.append(SharedPoint(Trial(params_json, load, int(value), int(batch)),
+                               attrs["measurement"], attrs.get("config", {}),
+                               attrs.get("host", "")))  # fmt: skip
+    return out
+
+
+def load_points(url: str, study_name: str) -> list[SharedPoint]:
+    """Every finished point of a shared study, for the report."""
+    storage = open_storage(url)
+    try:
+        study = optuna.load_study(study_name=f"{study_name}:points", storage=storage)
+    except KeyError:
+        raise StudyStorageError(
+            f"study '{study_name}' has no points in '{_redact(url)}'"
+        ) from None
+    return read_points(study)
