@@ -190,14 +190,19 @@ def report(
         str, typer.Option(help="html, or pdf (the summary also as PDF, beside the HTML).")
     ] = "html",
 ) -> None:
-    """Rebuild the summary and detailed reports from a profile run's stored results alone."""
-    from analyzer.report.html import ReportError, render_reports
+    """Rebuild the summary and detailed reports from a profile run's stored results (merged first
+    with the points other processes added to the run's shared Optuna study, if it used one)."""
+    from analyzer.report.html import ReportError, load_results, render_reports
+    from analyzer.results.shared import refresh_from_studies
 
     if report_format not in ("html", "pdf"):
         typer.echo(f"error: --report-format is '{report_format}'; expected html or pdf", err=True)
         raise typer.Exit(2)
+    export = export_path.resolve()
     try:
-        written = render_reports(export_path.resolve(), ("html", report_format))
+        for note in refresh_from_studies(export, load_results(export)):
+            typer.echo(f"note: {note}")
+        written = render_reports(export, ("html", report_format))
     except ReportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

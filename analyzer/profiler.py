@@ -83,6 +83,7 @@ class ProfileOutcome:
     wall_s: float = 0.0
     server_only: list[dict[str, Any]] = field(default_factory=list)
     kind: str = "CPU"
+    machine: dict[str, Any] | None = None  # None: this machine (set when rebuilt from a file)
 
 
 MEMORY_TAGS = {"gpu_used_memory", "gpu_free_memory", "cpu_used_ram", "cpu_available_ram"}
@@ -273,6 +274,7 @@ class Profiler:
             pkey = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
                              fingerprint_text)  # fmt: skip
             measurement = checkpoint.points.get(pkey)
+            fresh = False
             if measurement is not None:
                 measurement.config_name = result.name
                 self.outcome.reused += 1
@@ -290,12 +292,13 @@ class Profiler:
                     self._recover()
                     search.tell(trial, Outcome(ok=False, extra={"error": result.error}))
                     continue
-                checkpoint.record_point(pkey, measurement)
                 self.outcome.measured += 1
+                fresh = True
             result.measurements.append(measurement)
             violations = ranker.violations(measurement)
             self.listener("point", {"result": result, "measurement": measurement,
                                     "violations": violations})  # fmt: skip
+            # the search first: a shared study's ledger is where other processes look for it
             search.tell(trial, Outcome(
                 ok=True,
                 throughput=measurement.metrics["perf_throughput"],
@@ -307,6 +310,8 @@ class Profiler:
                        "config": {"description": result.description,
                                   "config_text": result.config_text}},
             ))  # fmt: skip
+            if fresh:
+                checkpoint.record_point(pkey, measurement)
         self._unload()
 
     def _merge_shared(

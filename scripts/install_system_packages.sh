@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Debian packages the tests use as peers: chromium (headless, to check the HTML reports render).
+# Debian packages the tests use as peers: chromium (headless, to check the HTML reports render),
+# postgresql (a study shared by several profile processes; the tests start their own server).
 # WeasyPrint's pango comes with chromium's dependencies. Needs root; otherwise says what to run.
 set -euo pipefail
 need=()
 command -v chromium >/dev/null || need+=(chromium)
 ldconfig -p | grep -q 'libpango-1.0.so' || need+=(libpango-1.0-0 libpangoft2-1.0-0)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "the report tests need Debian's ${need[*]}: run 'sudo apt-get install ${need[*]}'" >&2

@@ -194,7 +194,7 @@ def results_document(outcome) -> dict[str, Any]:
         "version": 1,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": c.values,
-        "machine": machine_info(),
+        "machine": outcome.machine or machine_info(),
         "instance_kind": outcome.kind,
         "stats": {"measured": outcome.measured, "reused": outcome.reused, "shared": outcome.shared,
                   "worker_starts": outcome.worker_starts, "wall_s": outcome.wall_s},

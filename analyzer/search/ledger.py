@@ -38,7 +38,7 @@ UNKEYED_WAIT_S = 10.0  # a trial created before ours sets its key within this ti
 POLL_S = 0.5
 
 # Heartbeats are used here with ask/tell, which Optuna supports but warns about.
-warnings.filterwarnings("ignore", category=ExperimentalWarning, module=__name__)
+warnings.filterwarnings("ignore", category=ExperimentalWarning)
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 

@@ -131,8 +131,11 @@ class OptunaSearch(QuickSearch):
         return [float(metrics.get(tag, 0.0)) for tag in self.settings.objectives]
 
     def _completed(self) -> int:
+        """Distinct points the study has finished: a trial that re-proposed a known point is told
+        its value again but does not use up the budget."""
         done = (optuna.trial.TrialState.COMPLETE,)
-        return len(self.study.get_trials(deepcopy=False, states=done))
+        trials = self.study.get_trials(deepcopy=False, states=done)
+        return len({t.user_attrs.get("point", t.number) for t in trials})
 
     # ---- points, through the ledger ------------------------------------------------------------
     def _measure(self, trial: Trial) -> Generator[Trial, None, Outcome]:
@@ -190,13 +193,17 @@ class OptunaSearch(QuickSearch):
                 repeats += 1  # the sampler proposed a point this search already knows
                 self._tell(trial, self.asked[ours])
                 continue
+            shared = self.shared
             outcome = yield from self._claimed(ours, wait=False)
             if outcome is None:
                 repeats += 1  # another process is measuring this point right now
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
-            repeats = 0
             score = self._tell(trial, outcome)
+            if self.shared > shared:
+                repeats += 1  # another process (or an earlier run) finished it already
+                continue
+            repeats = 0
             if score is not None and score > best + abs(best) * self.min_gain:
                 best, since_best = score, 0
             else:

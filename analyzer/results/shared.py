@@ -1,0 +1,120 @@
+"""Results of a study shared by several profile processes, merged into one run's results file.
+
+Each `model-analyzer profile` process that joins a study (`--storage`, `--study-name`) writes its
+own export folder, with what it measured and what the others had finished when it ended. `model-
+analyzer report` calls `refresh_from_studies` first: it reads every finished point from the
+study's ledger, adds the ones the results file lacks, ranks again and rewrites the results file
+and the CSVs -- so one report shows the work of all processes, whichever finished last.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from analyzer.config.profile_config import ModelSpec, ProfileConfig
+from analyzer.profiler import ModelOutcome, ProfileOutcome
+from analyzer.report.exports import write_csvs, write_results
+from analyzer.results.measurement import Measurement
+from analyzer.results.ranking import ConfigResult, Ranker
+from analyzer.search.ledger import StudyStorageError, load_points
+
+
+def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
+    """The run a results file describes, as the objects the exports are written from."""
+    config = ProfileConfig(values=document["settings"], models=[])
+    models = []
+    for m in document["models"]:
+        spec = ModelSpec(name=m["name"], objectives=m["objectives"], constraints=m["constraints"])
+        model = ModelOutcome(spec, error=m["error"], skipped=m["skipped"],
+                             study=m.get("study") or {})  # fmt: skip
+        for c in m["configs"]:
+            model.results.append(ConfigResult(
+                model=m["name"], name=c["name"], params=c["params"],
+                description=c["description"], config_text="", path=c["path"],
+                is_default=c["is_default"], error=c["error"],
+                measurements=[Measurement.from_dict(x) for x in c["measurements"]],
+            ))  # fmt: skip
+        models.append(model)
+    stats = document["stats"]
+    return ProfileOutcome(
+        config, models, measured=stats["measured"], reused=stats["reused"],
+        shared=stats.get("shared", 0), worker_starts=stats["worker_starts"],
+        wall_s=stats["wall_s"], server_only=document["server_only"],
+        kind=document["instance_kind"], machine=document["machine"],
+    )  # fmt: skip
+
+
+def _study_reachable(url: str) -> bool:
+    """A SQLite study that is not there (results copied elsewhere) is not created empty."""
+    if url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///")).exists()
+    return True
+
+
+def merge_points(model: ModelOutcome) -> int:
+    """Adds the study's finished points this model's results lack; returns how many."""
+    study = model.study
+    points = load_points(study["storage"], study["study_name"])
+    by_params = {json.dumps(r.params, sort_keys=True): r for r in model.results}
+    have = {(k, m.load, m.value, m.batch_size) for k, r in by_params.items()
+            for m in r.measurements}  # fmt: skip
+    added = 0
+    for point in points:
+        t = point.trial
+        if (t.params_json, t.load, t.value, t.batch_size) in have:
+            continue
+        result = by_params.get(t.params_json)
+        if result is None:
+            index = sum(1 for r in model.results if not r.is_default)
+            name = f"{model.spec.name}_config_{'default' if t.params_json == '{}' else index}"
+            result = ConfigResult(
+                model=model.spec.name, name=name, params=t.params,
+                description=point.config.get("description", {}),
+                config_text=point.config.get("config_text", ""), path="",
+                is_default=t.params_json == "{}",
+            )  # fmt: skip
+            model.results.append(result)
+            by_params[t.params_json] = result
+        measurement = Measurement.from_dict(point.measurement)
+        measurement.config_name = result.name
+        measurement.host = measurement.host or point.host
+        result.measurements.append(measurement)
+        have.add((t.params_json, t.load, t.value, t.batch_size))
+        added += 1
+    return added
+
+
+def refresh_from_studies(export_path: Path, document: dict[str, Any]) -> list[str]:
+    """Merge the shared studies' points into the results files; returns notes for the user."""
+    if not any(m.get("study") for m in document["models"]):
+        return []
+    outcome = outcome_from_document(document)
+    notes, added = [], 0
+    for model in outcome.models:
+        study = model.study
+        if not study:
+            continue
+        if not _study_reachable(study["storage"]):
+            notes.append(f"study '{study['study_name']}' is not at {study['storage']}; the report "
+                         "shows the results stored with this run")  # fmt: skip
+            continue
+        try:
+            count = merge_points(model)
+        except StudyStorageError as exc:
+            notes.append(f"{exc}; the report shows the results stored with this run")
+            continue
+        added += count
+        if count:
+            notes.append(f"{model.spec.name}: {count} points measured by other processes sharing "
+                         f"study '{study['study_name']}' merged into the results")  # fmt: skip
+    if added:
+        outcome.shared += added
+        for model in outcome.models:
+            model.results = Ranker(model.spec.objectives, model.spec.constraints).rank(
+                model.results)
+        results = export_path / "results"
+        write_csvs(outcome, results)
+        write_results(outcome, results)
+    return notes
