@@ -36,6 +36,7 @@ from analyzer.search.quick import QuickSearch
 from analyzer.search.space import SearchSpace
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random")
+OFFSET_RANGE = 3  # concurrency from 1/8 to 8 x MA's formula, clipped to the search's levels
 
 
 @dataclass
@@ -121,7 +122,13 @@ class OptunaSearch(QuickSearch):
                 trial.suggest_categorical("max_queue_delay_microseconds", self.delays)
                 if mbs > 1 else self.delays[0]
             )  # fmt: skip
-        index = trial.suggest_int("concurrency_index", 0, len(self.levels) - 1)
+        # Concurrency relative to MA's formula (2 x max_batch_size x instances), in powers of two:
+        # the concurrency a config needs scales with the requests it can hold, so one offset
+        # means the same load for every config and the sampler learns it across configs.
+        offset = trial.suggest_int("concurrency_offset_log2", -OFFSET_RANGE, OFFSET_RANGE)
+        target = 2.0 * params.get("max_batch_size", 1) * params["instance_count"] * 2.0**offset
+        index = min(range(len(self.levels)),
+                    key=lambda i: abs(math.log2(self.levels[i]) - math.log2(target)))
         return params, self.levels[index]
 
     def _values(self, outcome: Outcome) -> list[float]:
