@@ -66,6 +66,7 @@ class ModelOutcome:
     error: str = ""  # the model could not be profiled at all
     skipped: list[str] = field(default_factory=list)  # combinations that cannot work
     study: dict[str, str] = field(default_factory=dict)  # optuna: storage URL and study name
+    pareto: list[str] = field(default_factory=list)  # the objectives of a multi-objective study
 
     @property
     def default(self) -> ConfigResult | None:
@@ -188,7 +189,7 @@ class Profiler:
         finally:
             self._shutdown()
         for model in self.outcome.models:
-            ranker = Ranker(model.spec.objectives, model.spec.constraints)
+            ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
             model.results = ranker.rank(model.results)
         self.outcome.wall_s = time.monotonic() - started
         return self.outcome
@@ -362,6 +363,7 @@ class Profiler:
             fingerprint=fingerprint,
         )  # fmt: skip
         model.study = {"storage": storage, "study_name": settings.study_name}
+        model.pareto = list(tags) if len(tags) > 1 else []
         directions = [
             "maximize" if METRIC_DIRECTIONS[t] else "minimize" for t in tags
         ] or ["maximize"]

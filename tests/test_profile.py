@@ -346,3 +346,33 @@ def test_optuna_mode_end_to_end_and_resume(tmp_path):
     rerun = profile(tmp_path, *args)  # same study, same checkpoint: nothing new to measure
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert results(tmp_path / "EXP")["stats"]["measured"] == 0
+
+
+def test_optuna_multi_objective_puts_the_pareto_front_first(tmp_path):
+    run = profile(
+        tmp_path, "--model-repository", str(EXAMPLES), "--profile-models", "add_sub",
+        "--output-model-repository-path", "OUT", "--export-path", "EXP",
+        "--run-config-search-mode", "optuna", "--optuna-objectives",
+        "perf_throughput,perf_latency_p99", "--run-config-search-max-concurrency", "8",
+        "--run-config-search-max-model-batch-size", "2", "--run-config-search-max-instance-count",
+        "2", "--optuna-min-trials", "5", "--optuna-max-trials", "6", "--num-configs-per-model",
+        "1", "--client-protocol", "http", *FAST,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = " ".join(run.stdout.split())
+    assert "on the Pareto front of perf_throughput, perf_latency_p99" in text
+    model = results(tmp_path / "EXP")["models"][0]
+    assert model["pareto_objectives"] == ["perf_throughput", "perf_latency_p99"]
+    ranked = sorted((c for c in model["configs"] if c["measurements"]), key=lambda c: c["rank"])
+    flags = [c["pareto_optimal"] for c in ranked]
+    assert flags[0] and flags == sorted(flags, reverse=True)  # the front first
+    points = [(m["metrics"]["perf_throughput"], m["metrics"]["perf_latency_p99"])
+              for c in ranked for m in c["measurements"]]  # fmt: skip
+    for c in ranked:  # a config is on the front iff some point of it is not dominated
+        mine = [(m["metrics"]["perf_throughput"], m["metrics"]["perf_latency_p99"])
+                for m in c["measurements"]]  # fmt: skip
+        free = any(not any(t >= a and p <= b and (t, p) != (a, b) for t, p in points)
+                   for a, b in mine)  # fmt: skip
+        assert free == c["pareto_optimal"], c["name"]
+    page = (tmp_path / "EXP" / "reports" / "summaries" / "add_sub" / "result_summary.html")
+    assert 'id="pareto"' in page.read_text()

@@ -333,3 +333,30 @@ def test_help_lists_the_flags():
     for flag in ("--run-config-search-max-concurrency", "--override-output-model-repository",
                  "--latency-budget", "--optuna-max-trials", "--storage", "--shape"):
         assert flag in run.stdout
+
+
+def test_pareto_front_of_several_objectives_ranks_first():
+    def result(name, points):
+        r = ConfigResult(model="m", name=name, params={"n": name}, description={},
+                         config_text="", path="")  # fmt: skip
+        for value, (throughput, p99) in enumerate(points, 1):
+            r.measurements.append(Measurement(
+                model="m", config_name=name, load="concurrency", value=value, batch_size=1,
+                metrics={"perf_throughput": throughput, "perf_latency_p99": p99}))
+        return r
+
+    fast = result("fast", [(1000, 20.0)])  # most throughput, slow
+    quick = result("quick", [(300, 1.0)])  # least latency
+    middle = result("middle", [(600, 5.0)])  # on the front between them
+    worse = result("worse", [(500, 6.0), (250, 2.0)])  # dominated by middle and by quick
+    ranker = Ranker({"perf_throughput": 1.0}, {}, pareto=("perf_throughput", "perf_latency_p99"))
+    ranked = ranker.rank([worse, quick, middle, fast])
+    assert [r.name for r in ranked] == ["fast", "middle", "quick", "worse"]
+    assert [r.pareto for r in ranked] == [True, True, True, False]
+    # by throughput alone "worse" beats "quick"; the front puts every non-dominated config first
+    assert Ranker({"perf_throughput": 1.0}, {}).rank([worse, quick])[0].name == "worse"
+    # a constraint takes points off the front: with p99 <= 10 ms, "fast" cannot be on it
+    limited = Ranker({"perf_throughput": 1.0}, {"perf_latency_p99": {"max": 10.0}},
+                     pareto=("perf_throughput", "perf_latency_p99"))  # fmt: skip
+    ranked = limited.rank([worse, quick, middle, fast])
+    assert [r.name for r in ranked][-1] == "fast" and not ranked[-1].pareto

@@ -134,13 +134,17 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
             ratio = f"{m.metrics['perf_throughput'] / base:.2f}x" if base else "-"
             delay = r.description["max_queue_delay_us"]
             table.add_row(
-                str(r.rank), r.name, r.description["instance_group"],
+                str(r.rank), r.name + (" *" if r.pareto else ""), r.description["instance_group"],
                 str(r.description["max_batch_size"]), "-" if delay is None else str(delay),
                 f"{_load_label(m.load, m.value)} b={m.batch_size}",
                 f"{m.metrics['perf_throughput']:.1f}", f"{m.metrics['perf_latency_p99']:.3f}",
                 ratio, "yes" if r.satisfies else "[yellow]no[/]",
             )  # fmt: skip
         console.print(table)
+        if model.pareto:
+            front = [r.name for r in measured if r.pareto]
+            console.print(f"  * on the Pareto front of {', '.join(model.pareto)}: "
+                          f"{len(front)} config(s), ranked first: {', '.join(front)}")  # fmt: skip
         for r in top:
             if r.violations:
                 console.print(f"  [yellow]{r.name} breaks {'; '.join(r.violations)}[/]")

@@ -178,14 +178,14 @@ def results_document(outcome) -> dict[str, Any]:
                 "name": r.name, "rank": r.rank, "is_default": r.is_default, "params": r.params,
                 "description": r.description, "path": r.path, "error": r.error,
                 "satisfies_constraints": r.satisfies, "violations": r.violations,
-                "score": r.score,
+                "score": r.score, "pareto_optimal": r.pareto,
                 "best": r.best.to_dict() if r.best else None,
                 "measurements": [m.to_dict() for m in r.measurements],
             })  # fmt: skip
         models.append({
             "name": model.spec.name, "error": model.error, "skipped": model.skipped,
             "objectives": model.spec.objectives, "constraints": model.spec.constraints,
-            "study": model.study,
+            "study": model.study, "pareto_objectives": model.pareto,
             "top": [r.name for r in model.results if r.measurements][: c.num_configs_per_model],
             "configs": configs,
         })  # fmt: skip

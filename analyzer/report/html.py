@@ -142,6 +142,8 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> 
         settings=document["settings"], source=RESULTS_FILE,
         measured_points=sum(len(c["measurements"]) for c in measured),
         measured_configs=len(measured),
+        pareto=model.get("pareto_objectives") or [],
+        pareto_configs=[c["name"] for c in ranked if c.get("pareto_optimal")],
     ))  # fmt: skip
     written = [summary]
     for c in top:

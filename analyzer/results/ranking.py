@@ -5,6 +5,11 @@ MA compares two measurements by the weighted sum of their relative differences p
 to first order, but it makes the comparison a score (a total order), so sorting is consistent.
 Each config is represented by its best point that satisfies every constraint; configs with no such
 point rank after all that have one, each by its best point overall.
+
+With several objectives searched as such (optuna_objectives: e.g. throughput vs p99 latency vs GPU
+memory) there is no single best; the configs with a point on the Pareto front -- no other point
+meeting the constraints is at least as good on every objective and better on one -- rank before
+the dominated ones, each group by the weighted score.
 """
 
 from __future__ import annotations
@@ -43,13 +48,16 @@ class ConfigResult:
     violations: list[str] = field(default_factory=list)
     score: float = 0.0
     rank: int = 0
+    pareto: bool = False  # a point of it is on the Pareto front of the multi-objective search
 
 
 class Ranker:
-    def __init__(self, objectives: dict[str, float], constraints: dict[str, dict[str, float]]):
+    def __init__(self, objectives: dict[str, float], constraints: dict[str, dict[str, float]],
+                 pareto: tuple[str, ...] | list[str] = ()) -> None:  # fmt: skip
         total = sum(objectives.values()) or 1.0
         self.weights = {tag: w / total for tag, w in objectives.items()}
         self.constraints = constraints
+        self.pareto = tuple(pareto)
 
     def violations(self, m: Measurement) -> list[str]:
         out = []
@@ -110,8 +118,29 @@ class Ranker:
             r.satisfies = bool(passing)
             r.violations = [] if passing else self.violations(r.best)
             r.score = self.score(r.best, tags)
-        ordered = sorted(measured, key=lambda r: (not r.satisfies, -r.score))
+        front = self.pareto_front([(r, m) for r in measured for m in r.measurements])
+        for r in measured:
+            r.pareto = any(id(m) in front for m in r.measurements)
+        ordered = sorted(measured, key=lambda r: (not r.satisfies, not r.pareto, -r.score))
         failed = [r for r in results if not r.measurements]
         for i, r in enumerate(ordered, 1):
             r.rank = i
         return ordered + failed
+
+    def pareto_front(self, points: list[tuple[ConfigResult, Measurement]]) -> set[int]:
+        """ids of the measurements on the Pareto front of the `pareto` objectives, among the
+        points that meet the constraints (all points when none does)."""
+        tags = [t for t in self.pareto
+                if any(m.metric(t) is not None for _, m in points)]  # fmt: skip
+        if not tags:
+            return set()
+        feasible = [m for _, m in points if not self.violations(m)] or [m for _, m in points]
+        signs = [1.0 if METRIC_DIRECTIONS.get(t, True) else -1.0 for t in tags]
+        vectors = {id(m): [s * (m.metric(t) or 0.0) for s, t in zip(signs, tags, strict=True)]
+                   for m in feasible if all(m.metric(t) is not None for t in tags)}  # fmt: skip
+
+        def dominated(a: list[float]) -> bool:
+            return any(all(x >= y for x, y in zip(b, a, strict=True)) and b != a
+                       for b in vectors.values())  # fmt: skip
+
+        return {key for key, v in vectors.items() if not dominated(v)}

@@ -28,7 +28,8 @@ def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
     for m in document["models"]:
         spec = ModelSpec(name=m["name"], objectives=m["objectives"], constraints=m["constraints"])
         model = ModelOutcome(spec, error=m["error"], skipped=m["skipped"],
-                             study=m.get("study") or {})  # fmt: skip
+                             study=m.get("study") or {},
+                             pareto=m.get("pareto_objectives") or [])  # fmt: skip
         for c in m["configs"]:
             model.results.append(ConfigResult(
                 model=m["name"], name=c["name"], params=c["params"],
@@ -112,8 +113,8 @@ def refresh_from_studies(export_path: Path, document: dict[str, Any]) -> list[st
     if added:
         outcome.shared += added
         for model in outcome.models:
-            model.results = Ranker(model.spec.objectives, model.spec.constraints).rank(
-                model.results)
+            ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
+            model.results = ranker.rank(model.results)
         results = export_path / "results"
         write_csvs(outcome, results)
         write_results(outcome, results)
