@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzer.config.model_config import ModelConfig, format_model_config
+from analyzer.config.model_config import ModelConfig, format_model_config, parse_model_config
 from analyzer.config.profile_config import (
     METRIC_DIRECTIONS,
     ModelSpec,
@@ -31,6 +31,7 @@ from analyzer.config.profile_config import (
 )
 from analyzer.launch.base import Launcher, LaunchError
 from analyzer.launch.local import LocalLauncher
+from analyzer.launch.remote import RemoteLauncher
 from analyzer.loadgen.client import LoadClient
 from analyzer.loadgen.control import ServerError, control_client
 from analyzer.loadgen.inputs import InputError, model_io, parse_shapes
@@ -39,6 +40,7 @@ from analyzer.loadgen.perf import PerfOptions, encode_payloads
 from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
+from analyzer.monitor.metrics_gpu import MetricsGpuSampler
 from analyzer.repository.repository import ModelSource, RepositoryError, list_models, read_model
 from analyzer.repository.variants import (
     VariantError,
@@ -99,7 +101,8 @@ class Profiler:
         self.launcher: Launcher | None = None
         self.client: LoadClient | None = None
         self.samplers: dict[str, Sampler] = {}
-        self.loaded: str | None = None
+        self.loaded: str | None = None  # the variant loaded now
+        self.loaded_as = ""  # the name it is served under
         self.payload_key: tuple | None = None
         self.outcome = ProfileOutcome(config, [])
         self.fresh_worker_per_variant = False
@@ -107,10 +110,10 @@ class Profiler:
     # ---- set-up ---------------------------------------------------------------------------------
     def _check_modes(self) -> None:
         c = self.config
-        if c.triton_launch_mode != "local":
+        if c.triton_launch_mode not in ("local", "remote"):
             raise ProfileConfigError(
                 f"triton_launch_mode '{c.triton_launch_mode}' is not available in this version "
-                "yet; use 'local'"
+                "yet; use 'local' or 'remote'"
             )
         for tag in c.optuna_objectives or []:
             if tag not in METRIC_DIRECTIONS:
@@ -172,7 +175,11 @@ class Profiler:
         space = load_search_space(self.config.search_space)
         checkpoint = Checkpoint(self.config.checkpoints)
         self._prepare_output(checkpoint)
-        use_gpu = gpu_count() > 0 and not self.config.cpu_only
+        if self.config.triton_launch_mode == "remote":  # the server's GPUs, from its metrics
+            server_gpus = MetricsGpuSampler(self.config.triton_metrics_url).available()
+            use_gpu = server_gpus and not self.config.cpu_only
+        else:
+            use_gpu = gpu_count() > 0 and not self.config.cpu_only
         self.outcome.kind = "GPU" if use_gpu else "CPU"
         try:
             for spec in self.config.models:
@@ -411,10 +418,14 @@ class Profiler:
             for spec in c.models:
                 flags.update(spec.triton_server_flags)
             flags.update(c.triton_server_flags)
-            self.launcher = LocalLauncher(
-                c.output_repository, c.export / "logs" / "worker.log", flags,
-                c.server_startup_timeout, gpus=c.gpus,
-            )  # fmt: skip
+            if c.triton_launch_mode == "remote":
+                self.launcher = RemoteLauncher(c.triton_http_endpoint, c.triton_grpc_endpoint,
+                                               c.triton_metrics_url, c.server_startup_timeout)
+            else:
+                self.launcher = LocalLauncher(
+                    c.output_repository, c.export / "logs" / "worker.log", flags,
+                    c.server_startup_timeout, gpus=c.gpus,
+                )  # fmt: skip
         if not self.launcher.alive():
             self.listener("worker_start", {})
             self.launcher.start()
@@ -428,7 +439,10 @@ class Profiler:
             sampler.stop()
         interval = self.config.monitoring_interval
         gpus = [g for g in self.config.gpus if g != "all"] or None
-        self.samplers = {"gpu": GpuSampler(gpus, interval)}
+        if self.launcher is not None and self.launcher.remote:
+            self.samplers = {"gpu": MetricsGpuSampler(self.launcher.metrics_url, gpus, interval)}
+        else:
+            self.samplers = {"gpu": GpuSampler(gpus, interval)}
         if self.launcher is not None and self.launcher.pid:
             self.samplers["cpu"] = CpuSampler(self.launcher.pid, interval)
         for sampler in self.samplers.values():
@@ -446,17 +460,22 @@ class Profiler:
 
     def _measure(self, result: ConfigResult, trial: Trial, options: PerfOptions) -> Measurement:
         launcher = self._ensure_worker()
+        # a remote server serves each variant under the model's own name, loaded by config
+        served = result.model if launcher.remote else result.name
         if self.loaded != result.name:
             self.listener("load", {"result": result})
-            launcher.load(result.name)
-            self.loaded = result.name
+            if isinstance(launcher, RemoteLauncher):
+                launcher.load_config(served, parse_model_config(result.config_text))
+            else:
+                launcher.load(served)
+            self.loaded, self.loaded_as = result.name, served
         url = launcher.grpc_url if options.protocol == "grpc" else launcher.http_url
-        control = control_client(options.protocol, url, result.name)
+        control = control_client(options.protocol, url, served)
         try:
             key = (result.name, trial.batch_size, options.protocol)
             if self.payload_key != key:
                 io = model_io(control.model_metadata(), control.model_config())
-                opts = dataclasses.replace(options, model=result.name, url=url,
+                opts = dataclasses.replace(options, model=served, url=url,
                                            batch_size=trial.batch_size)  # fmt: skip
                 payloads = encode_payloads(opts, io)
                 if self.client is None:
@@ -467,7 +486,7 @@ class Profiler:
                 else:
                     self.client.set_payloads(payloads)
                 self.payload_key = key
-            measurer = Measurer(self.client, control, result.name, "", trial.batch_size,
+            measurer = Measurer(self.client, control, served, "", trial.batch_size,
                                 options.settings, self.samplers, True)  # fmt: skip
             self.listener("measure", {"result": result, "trial": trial})
             point = measurer.measure(trial.load, trial.value, options.distribution)
@@ -516,7 +535,7 @@ class Profiler:
         if self.client is not None:
             self.client.quiesce(30)
         try:
-            self.launcher.unload(self.loaded)
+            self.launcher.unload(self.loaded_as)
         except LaunchError:
             pass  # a worker that cannot unload is restarted by the next load if it died
         self.loaded = None

@@ -23,6 +23,7 @@ class Launcher(ABC):
     grpc_url: str = ""
     metrics_url: str = ""
     pid: int | None = None  # the worker's process, when it runs on this machine
+    remote = False  # True: a server we do not own (variants are loaded by config, by model name)
     log_path: Path | None = None
 
     def __enter__(self) -> Launcher:
@@ -64,20 +65,21 @@ class Launcher(ABC):
     def unload(self, name: str, timeout_s: float = 120.0) -> None:
         self._repository_call(f"/v2/repository/models/{name}/unload", timeout_s)
 
-    def _repository_call(self, path: str, timeout_s: float) -> None:
+    def _repository_call(self, path: str, timeout_s: float, body: dict | None = None) -> None:
         host, _, port = self.http_url.rpartition(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
         try:
-            conn.request("POST", path, body=b"{}", headers={"Content-Type": "application/json"})
+            conn.request("POST", path, body=json.dumps(body or {}).encode(),
+                         headers={"Content-Type": "application/json"})  # fmt: skip
             response = conn.getresponse()
-            body = response.read()
+            answer = response.read()
         except OSError as err:
             raise LaunchError(f"worker at {self.http_url} did not answer {path}: {err}") from None
         finally:
             conn.close()
         if response.status != 200:
             try:
-                message = json.loads(body).get("error", "")
+                message = json.loads(answer).get("error", "")
             except (ValueError, AttributeError):
-                message = body.decode(errors="replace")
+                message = answer.decode(errors="replace")
             raise LaunchError(message or f"HTTP {response.status} for {path}")
