@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv lint clean
+.PHONY: demo test venv lint clean docker-image
 
 $(STAMP): pyproject.toml scripts/setup_venv.sh scripts/install_perf_analyzer.sh \
 		scripts/install_system_packages.sh
@@ -22,6 +22,11 @@ test: $(STAMP)
 	$(BIN)/ruff check analyzer tests benchmarks examples
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+# The worker image for --triton-launch-mode docker, from local files (needs root and dockerd).
+docker-image: $(STAMP)
+	bash scripts/start_dockerd.sh
+	VENV=$(abspath $(VENV)) bash scripts/build_worker_image.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check analyzer tests benchmarks examples

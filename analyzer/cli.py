@@ -59,6 +59,9 @@ def serve(
         str, typer.Option(help="true: exit if a model fails to load at start.")
     ] = "true",
     log_verbose: Annotated[int, typer.Option(help="1: log loads and batches.")] = 0,
+    exit_on_stdin_eof: Annotated[
+        bool, typer.Option(help="Stop when stdin closes (the launcher's lifeline).")
+    ] = False,
 ) -> None:
     """Serve a model repository with Triton's HTTP/REST, gRPC and metrics protocols."""
     from analyzer.worker.server import ServeOptions
@@ -80,6 +83,7 @@ def serve(
         allow_grpc=_as_bool("--allow-grpc", allow_grpc),
         allow_metrics=_as_bool("--allow-metrics", allow_metrics),
         exit_on_error=_as_bool("--exit-on-error", exit_on_error),
+        exit_on_stdin_eof=exit_on_stdin_eof,
     )
     raise typer.Exit(run_worker(options))
 

@@ -7,6 +7,7 @@ import sys
 from rich.console import Console
 
 from analyzer.config.profile_config import ProfileConfigError, argument_parser, load_profile_config
+from analyzer.launch.base import LaunchSetupError
 from analyzer.profiler import Profiler
 from analyzer.report.console import ProgressDisplay, print_summary
 from analyzer.report.exports import write_csvs, write_results
@@ -31,7 +32,7 @@ def profile_command(argv: list[str]) -> int:
     try:
         with ProgressDisplay(console) as display:
             outcome = Profiler(config, display).run()
-    except (ProfileConfigError, RepositoryError, SearchSpaceError) as exc:
+    except (ProfileConfigError, RepositoryError, SearchSpaceError, LaunchSetupError) as exc:
         err.print(f"error: {exc}", markup=False)
         return 2
     except KeyboardInterrupt:

@@ -29,7 +29,8 @@ from analyzer.config.profile_config import (
     ProfileConfig,
     ProfileConfigError,
 )
-from analyzer.launch.base import Launcher, LaunchError
+from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
+from analyzer.launch.docker import DockerLauncher
 from analyzer.launch.local import LocalLauncher
 from analyzer.launch.remote import RemoteLauncher
 from analyzer.loadgen.client import LoadClient
@@ -110,11 +111,6 @@ class Profiler:
     # ---- set-up ---------------------------------------------------------------------------------
     def _check_modes(self) -> None:
         c = self.config
-        if c.triton_launch_mode not in ("local", "remote"):
-            raise ProfileConfigError(
-                f"triton_launch_mode '{c.triton_launch_mode}' is not available in this version "
-                "yet; use 'local' or 'remote'"
-            )
         for tag in c.optuna_objectives or []:
             if tag not in METRIC_DIRECTIONS:
                 raise ProfileConfigError(
@@ -173,6 +169,12 @@ class Profiler:
         self._check_modes()
         list_models(self.config.model_repository)  # a missing repository ends the run here
         space = load_search_space(self.config.search_space)
+        if self.config.triton_launch_mode == "remote":
+            self._ensure_launcher()  # bad endpoints: one error before anything is written
+        if self.config.triton_launch_mode == "docker":
+            launcher = self._ensure_launcher()
+            assert isinstance(launcher, DockerLauncher)
+            launcher.check()  # no daemon or no image: one error before anything is written
         checkpoint = Checkpoint(self.config.checkpoints)
         self._prepare_output(checkpoint)
         if self.config.triton_launch_mode == "remote":  # the server's GPUs, from its metrics
@@ -293,6 +295,8 @@ class Profiler:
                     model.error = f"model '{spec.name}': {err}"
                     self.listener("model_failed", {"model": spec.name, "error": model.error})
                     break
+                except LaunchSetupError:
+                    raise
                 except (LaunchError, ServerError, MeasurementError, OSError) as err:
                     result.error = self._failure_text(err)
                     checkpoint.record_failure(ckey, result.error)
@@ -412,6 +416,16 @@ class Profiler:
 
     # ---- worker and load generator -------------------------------------------------------------
     def _ensure_worker(self) -> Launcher:
+        launcher = self._ensure_launcher()
+        if not launcher.alive():
+            self.listener("worker_start", {})
+            launcher.start()
+            self.outcome.worker_starts += 1
+            self.loaded = None
+            self._start_samplers()
+        return launcher
+
+    def _ensure_launcher(self) -> Launcher:
         if self.launcher is None:
             c = self.config
             flags = {}
@@ -421,17 +435,19 @@ class Profiler:
             if c.triton_launch_mode == "remote":
                 self.launcher = RemoteLauncher(c.triton_http_endpoint, c.triton_grpc_endpoint,
                                                c.triton_metrics_url, c.server_startup_timeout)
+            elif c.triton_launch_mode == "docker":
+                self.launcher = DockerLauncher(
+                    c.triton_docker_image, c.output_repository, Path(c.model_repository),
+                    c.export / "logs" / "worker.log", flags, c.server_startup_timeout,
+                    gpus=[] if c.cpu_only else c.gpus, mounts=c.triton_docker_mounts,
+                    shm_size=c.triton_docker_shm_size, labels=c.triton_docker_labels,
+                    run_args=c.triton_docker_args,
+                )  # fmt: skip
             else:
                 self.launcher = LocalLauncher(
                     c.output_repository, c.export / "logs" / "worker.log", flags,
                     c.server_startup_timeout, gpus=c.gpus,
                 )  # fmt: skip
-        if not self.launcher.alive():
-            self.listener("worker_start", {})
-            self.launcher.start()
-            self.outcome.worker_starts += 1
-            self.loaded = None
-            self._start_samplers()
         return self.launcher
 
     def _start_samplers(self) -> None:

@@ -202,8 +202,11 @@ def test_existing_output_repository_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--profile-models", "add_sub", "--triton-launch-mode", "docker"],
-         "triton_launch_mode 'docker' is not available"),
+        (["--profile-models", "add_sub", "--triton-launch-mode", "remote",
+          "--triton-http-endpoint", "nonsense"],
+         "triton_http_endpoint 'nonsense' is not host:port"),
+        (["--profile-models", "add_sub", "--triton-docker-labels", "team"],
+         "'triton_docker_labels' is 'team'; expected k=v pairs"),
         (["--profile-models", "add_sub", "--run-config-search-max-concurrency", "x"],
          "'run_config_search_max_concurrency' is 'x'"),
         (["--profile-models", "add_sub", "--model-repository", "/no/such/repo"],

@@ -9,6 +9,7 @@ ProfileConfigError that names the key (and the file) and the value.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,7 +118,17 @@ FIELDS: tuple[Field, ...] = (
     Field("triton_metrics_url", "str", "http://localhost:8002/metrics",
           "Server metrics URL (remote mode)."),
     Field("triton_docker_image", "str", "model-analyzer-worker:latest",
-          "Image of the worker (docker mode)."),
+          "Image of the worker (docker mode; `make docker-image` builds it)."),
+    Field("triton_docker_mounts", "strs", None,
+          "Extra mounts for the worker container: host_path:container_path[:ro|rw], "
+          "comma-separated (docker mode)."),
+    Field("triton_docker_shm_size", "str", None,
+          "/dev/shm size of the worker container, e.g. 2g (docker mode; default 1g)."),
+    Field("triton_docker_labels", "mapping", None,
+          "Labels of the worker container: k=v,k2=v2 or a JSON object (docker mode)."),
+    Field("triton_docker_args", "mapping", None,
+          "More docker SDK host-config arguments for the worker container, as a JSON object "
+          "(e.g. {\"network_mode\": \"bridge\", \"cpuset_cpus\": \"1\"}; docker mode)."),
     Field("measurement_mode", "choice", "adaptive",
           "Load generator stopping rule (adaptive: confidence interval; perf_analyzer's "
           "time_windows / count_windows).", choices=("adaptive", "time_windows", "count_windows")),
@@ -322,7 +333,33 @@ def _convert(f: Field, value: Any, where: str) -> Any:
         return [str(v) for v in items]
     if f.kind in ("ints", "strs"):
         return _as_list(f.name, value, int if f.kind == "ints" else str, where)
+    if f.kind == "mapping":
+        return _as_mapping(value, bad)
     return value  # objects are validated where they are interpreted
+
+
+def _as_mapping(value: Any, bad) -> dict[str, Any]:
+    """A YAML mapping, or on the command line a JSON object or k=v,k2=v2."""
+    if isinstance(value, dict):
+        return {str(k): v for k, v in value.items()}
+    if not isinstance(value, str):
+        raise bad("a mapping")
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            raise bad("a JSON object") from None
+        if not isinstance(parsed, dict):
+            raise bad("a JSON object")
+        return parsed
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise bad("k=v pairs separated by commas, or a JSON object")
+        out[key.strip()] = val.strip()
+    return out
 
 
 def _as_list(name: str, value: Any, kind: type, where: str) -> list:

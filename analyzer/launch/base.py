@@ -18,6 +18,11 @@ class LaunchError(RuntimeError):
     """The worker could not be started or reached; the message carries its last words."""
 
 
+class LaunchSetupError(LaunchError):
+    """No worker can run at all here (no Docker daemon, no image, no server at the endpoint, a
+    bad launch setting): the run ends with this one message instead of failing every config."""
+
+
 class Launcher(ABC):
     http_url: str = ""  # host:port
     grpc_url: str = ""

@@ -15,7 +15,7 @@ import time
 from google.protobuf import json_format
 
 from analyzer.config.model_config import ModelConfig
-from analyzer.launch.base import Launcher, LaunchError
+from analyzer.launch.base import Launcher, LaunchSetupError
 
 
 class RemoteLauncher(Launcher):
@@ -39,7 +39,7 @@ class RemoteLauncher(Launcher):
                 self._ready = True
                 return
             time.sleep(0.5)
-        raise LaunchError(
+        raise LaunchSetupError(
             f"no server ready at triton_http_endpoint {self.http_url} after "
             f"{self.startup_timeout_s:.0f} s ({last or 'no answer'}); start it in explicit "
             "model-control mode, or fix --triton-http-endpoint"
@@ -80,5 +80,5 @@ def _host_port(url: str, field: str) -> str:
     text = url.split("://", 1)[-1].rstrip("/")
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
-        raise LaunchError(f"{field} '{url}' is not host:port")
+        raise LaunchSetupError(f"{field} '{url}' is not host:port")
     return text

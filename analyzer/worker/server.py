@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import uvloop
@@ -39,6 +40,7 @@ class ServeOptions:
     allow_grpc: bool = True
     allow_metrics: bool = True
     exit_on_error: bool = True
+    exit_on_stdin_eof: bool = False  # a lifeline: the launcher holds stdin open while it lives
 
 
 class StartupError(RuntimeError):
@@ -120,6 +122,13 @@ async def _serve(options: ServeOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if options.exit_on_stdin_eof:
+        def lifeline() -> None:  # returns when whoever holds our stdin is gone
+            while sys.stdin.buffer.read(4096):
+                pass
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=lifeline, name="stdin-lifeline", daemon=True).start()
     try:
         await worker.start()
     except StartupError as err:

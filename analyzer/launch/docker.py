@@ -1,0 +1,258 @@
+"""Docker launch: `model-analyzer serve` in a container of the worker image, through the docker SDK.
+
+The output model repository (where the variants are written, while the container runs) and the
+model repository are mounted read-only at their own paths, so a variant's path means the same
+inside and out. The worker listens on 127.0.0.1 only: with host networking (the default, and
+the only network on a daemon started with --bridge=none) it binds 127.0.0.1 itself; on a bridge
+network its ports are published on 127.0.0.1. GPUs are handed in as device requests.
+
+The container never outlives the analyzer: it is created with auto-remove, and its stdin is the
+worker's lifeline -- the launcher holds it open through an attached socket; when the analyzer
+exits or is killed the socket closes, the worker sees end-of-file on stdin and stops, and Docker
+removes the container. stop() also stops and removes it at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
+from analyzer.launch.local import free_port
+
+LABEL = "model-analyzer.worker"
+
+
+def docker_client() -> Any:
+    """The daemon's client, or LaunchError saying it is unreachable and why."""
+    try:
+        import docker
+    except ImportError:
+        raise LaunchSetupError(
+            "docker launch mode needs the docker SDK: pip install docker"
+        ) from None
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except Exception as exc:  # docker.errors.DockerException and the transport's errors
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        raise LaunchSetupError(
+            f"the Docker daemon at {host} is unreachable ({str(exc).splitlines()[0][:200]}); "
+            "start dockerd or set DOCKER_HOST"
+        ) from None
+    return client
+
+
+def parse_mount(text: str) -> tuple[str, dict[str, str]]:
+    """MA's 'host_path:container_path:mode' (mode ro or rw, default rw)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (
+        len(parts) == 3 and parts[2] not in ("ro", "rw")
+    ):  # fmt: skip
+        raise LaunchSetupError(
+            f"triton_docker_mounts has '{text}'; expected host_path:container_path[:ro|rw]"
+        )
+    return str(Path(parts[0]).resolve()), {"bind": parts[1],
+                                           "mode": parts[2] if len(parts) == 3 else "rw"}
+
+
+class DockerLauncher(Launcher):
+    def __init__(
+        self,
+        image: str,
+        output_repository: Path,
+        model_repository: Path,
+        log_path: Path,
+        extra_flags: dict[str, object] | None = None,
+        startup_timeout_s: float = 120.0,
+        gpus: list[str] | None = None,
+        mounts: list[str] | None = None,
+        shm_size: str | None = None,
+        labels: dict[str, str] | None = None,
+        run_args: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        self.image = image
+        self.output_repository = output_repository.resolve()
+        self.model_repository = model_repository.resolve()
+        self.log_path = log_path
+        self.extra_flags = extra_flags or {}
+        self.startup_timeout_s = startup_timeout_s
+        self.gpus = gpus or []
+        self.mounts = [parse_mount(m) for m in mounts or []]
+        self.shm_size = shm_size or "1g"  # the python backend moves tensors through /dev/shm
+        self.labels = dict(labels or {})
+        self.run_args = dict(run_args or {})
+        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+        self.http_url = f"127.0.0.1:{self.ports['http']}"
+        self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
+        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+        self.client: Any = None
+        self.container_id: str | None = None
+        self._lifeline: Any = None
+        self._log_thread: threading.Thread | None = None
+        self._exit = ""
+
+    # ---- the container ------------------------------------------------------------------------
+    def _command(self) -> list[str]:
+        cmd = ["model-analyzer", "serve", "--model-repository", str(self.output_repository),
+               "--host", "127.0.0.1", "--http-port", str(self.ports["http"]),
+               "--grpc-port", str(self.ports["grpc"]), "--metrics-port",
+               str(self.ports["metrics"]), "--model-control-mode", "explicit",
+               "--exit-on-stdin-eof"]  # fmt: skip
+        for flag, value in self.extra_flags.items():
+            cmd += [f"--{str(flag).replace('_', '-')}", str(value)]
+        return cmd
+
+    def _host_config(self, api: Any) -> Any:
+        import docker
+
+        binds = {str(self.output_repository): {"bind": str(self.output_repository), "mode": "ro"},
+                 str(self.model_repository): {"bind": str(self.model_repository), "mode": "ro"}}
+        binds.update(dict(self.mounts))
+        network = self.run_args.get("network_mode", "host")
+        ports = None
+        if network != "host":
+            ports = {f"{port}/tcp": ("127.0.0.1", port) for port in self.ports.values()}
+        requests = []
+        wanted = [g for g in self.gpus if g != "all"]
+        if self.gpus and _host_has_gpus():
+            requests = [docker.types.DeviceRequest(
+                device_ids=wanted or None, count=None if wanted else -1,
+                capabilities=[["gpu"]])]  # fmt: skip
+        extra = {k: v for k, v in self.run_args.items() if k != "network_mode"}
+        try:
+            return api.create_host_config(
+                binds=binds, port_bindings=ports, network_mode=network, shm_size=self.shm_size,
+                auto_remove=True, device_requests=requests or None, **extra)  # fmt: skip
+        except TypeError as exc:
+            raise LaunchSetupError(f"triton_docker_args: {exc}") from None
+
+    def check(self) -> None:
+        """The daemon answers and the image is here: said before anything is written."""
+        import docker
+
+        if self.client is None:
+            self.client = docker_client()
+        try:
+            self.client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise LaunchSetupError(
+                f"docker image '{self.image}' is not on this machine; build it with "
+                "`make docker-image` (scripts/build_worker_image.sh) or name another with "
+                "--triton-docker-image"
+            ) from None
+
+    def start(self) -> None:
+        import docker
+
+        self.check()
+        api = self.client.api
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        labels = {LABEL: "true", f"{LABEL}.owner": f"{os.uname().nodename}:{os.getpid()}",
+                  **self.labels}  # fmt: skip
+        try:
+            created = api.create_container(
+                self.image, command=self._command(), stdin_open=True, detach=False,
+                labels=labels, host_config=self._host_config(api),
+                ports=list(self.ports.values()),
+            )  # fmt: skip
+            self.container_id = created["Id"]
+            # attached before start: from now on the container lives only while we do
+            self._lifeline = api.attach_socket(self.container_id,
+                                               params={"stdin": 1, "stream": 1})  # fmt: skip
+            api.start(self.container_id)
+            self.pid = api.inspect_container(self.container_id)["State"].get("Pid") or None
+        except docker.errors.APIError as exc:
+            self._remove()
+            raise LaunchSetupError(f"docker could not start the worker container: "
+                              f"{exc.explanation or exc}") from None  # fmt: skip
+        self._exit = ""
+        self._log_thread = threading.Thread(target=self._copy_logs, args=(self.container_id,),
+                                            name="docker-logs", daemon=True)  # fmt: skip
+        self._log_thread.start()
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        import http.client
+
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise LaunchError(f"the worker container exited ({self.exit_status()}); its "
+                                  f"last log lines:\n{self.last_words()}")  # fmt: skip
+            conn = http.client.HTTPConnection("127.0.0.1", self.ports["http"], timeout=2)
+            try:
+                conn.request("GET", "/v2/health/ready")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            time.sleep(0.2)
+        self.stop()
+        raise LaunchError(f"the worker container was not ready after "
+                          f"{self.startup_timeout_s:.0f} s; its last log lines:\n"
+                          f"{self.last_words()}")  # fmt: skip
+
+    def _copy_logs(self, container_id: str) -> None:
+        try:
+            with self.log_path.open("ab") as log:
+                for chunk in self.client.api.logs(container_id, stream=True, follow=True):
+                    log.write(chunk)
+                    log.flush()
+        except Exception:  # noqa: BLE001 - the container went away: the log ends there
+            pass
+
+    def alive(self) -> bool:
+        if self.container_id is None:
+            return False
+        try:
+            state = self.client.api.inspect_container(self.container_id)["State"]
+        except Exception:  # noqa: BLE001 - removed (auto-remove after exit)
+            self._exit = self._exit or "exited; container removed"
+            return False
+        if state.get("Running"):
+            return True
+        self._exit = f"exit code {state.get('ExitCode')}" + (
+            ", killed for memory" if state.get("OOMKilled") else "")
+        return False
+
+    def exit_status(self) -> str:
+        return self._exit
+
+    def stop(self) -> None:
+        if self.container_id is None:
+            return
+        try:
+            self.client.api.stop(self.container_id, timeout=10)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self._remove()
+
+    def _remove(self) -> None:
+        if self._lifeline is not None:
+            try:
+                self._lifeline.close()
+            except OSError:
+                pass
+            self._lifeline = None
+        if self.container_id is not None:
+            try:
+                self.client.api.remove_container(self.container_id, force=True)
+            except Exception:  # noqa: BLE001 - auto-removed already
+                pass
+        if self._log_thread is not None:
+            self._log_thread.join(timeout=5)
+            self._log_thread = None
+        self.container_id = None
+        self.pid = None
+
+
+def _host_has_gpus() -> bool:
+    from analyzer.worker.devices import gpu_count
+
+    return gpu_count() > 0

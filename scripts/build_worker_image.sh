@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the worker image (default model-analyzer-worker:latest) from local files only -- no
+# registry pull. Two layers of work:
+#  - a base image, built once per set of dependencies: a Debian bookworm root filesystem made by
+#    debootstrap (from the Debian mirror, a package registry), the interpreter the project's venv
+#    runs on and the venv itself, both at their paths on this machine (a venv's paths are
+#    absolute), imported with `docker import`;
+#  - the image: the base plus this checkout's source (seconds; rebuilt whenever asked).
+# Needs root (debootstrap) and a running dockerd. With registry access, docker/Dockerfile builds
+# the same worker from python:3.11-slim instead (see the README).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+image=${1:-model-analyzer-worker:latest}
+venv=${VENV:-$repo/.venv}
+py="$venv/bin/python"
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+[ -x "$py" ] || { echo "no virtualenv at $venv: run 'make venv' first" >&2; exit 2; }
+docker info >/dev/null 2>&1 || { echo "the Docker daemon is not running (scripts/start_dockerd.sh starts one)" >&2; exit 2; }
+prefix=$("$py" -c 'import sys; print(sys.base_prefix)')
+key=$( { cat pyproject.toml; "$py" -m pip freeze --exclude-editable 2>/dev/null; echo "$prefix $venv"; } \
+       | sha256sum | cut -c1-16)
+base="model-analyzer-base:$key"
+
+if ! docker image inspect "$base" >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] || { echo "building the base image needs root (debootstrap)" >&2; exit 2; }
+  command -v debootstrap >/dev/null || { echo "install Debian's debootstrap first" >&2; exit 2; }
+  work=$(mktemp -d /var/tmp/ma-rootfs.XXXXXX)
+  trap 'rm -rf "$work"' EXIT
+  include=ca-certificates,libgomp1
+  if [ "$prefix" = /usr ]; then  # Debian's own python3.11: the same package in the image
+    include="$include,python3.11,libpython3.11"
+  fi
+  echo "debootstrap bookworm into $work/root (a few minutes, once per dependency set)..."
+  debootstrap --variant=minbase --include="$include" bookworm "$work/root" "$mirror" \
+    > "$work/debootstrap.log" 2>&1 || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+  if [ "$prefix" != /usr ]; then  # the interpreter, without its own site-packages and tests
+    tar -C / -c --exclude="${prefix#/}/lib/python3.*/site-packages" \
+      --exclude="${prefix#/}/lib/python3.*/test" "${prefix#/}" | tar -C "$work/root" -x
+  fi
+  tar -C / -c --exclude='__pycache__' "${venv#/}" | tar -C "$work/root" -x
+  echo "importing the base image $base..."
+  tar -C "$work/root" -c . | docker import \
+    -c "ENV PATH=$venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+    -c "ENV PYTHONDONTWRITEBYTECODE=1" -c "LABEL model-analyzer.base=$key" - "$base" >/dev/null
+fi
+
+context=$(mktemp -d)
+trap 'rm -rf "$context"' EXIT
+mkdir -p "$context/src"
+cp -a analyzer templates search_spaces pyproject.toml "$context/src/"
+find "$context/src" -name __pycache__ -prune -exec rm -rf {} +
+cat > "$context/Dockerfile" <<DOCKERFILE
+FROM $base
+COPY src/ $repo/
+LABEL model-analyzer.source="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+CMD ["model-analyzer", "serve", "--help"]
+DOCKERFILE
+docker build --network none -q -t "$image" "$context" >/dev/null
+echo "built $image (base $base)"

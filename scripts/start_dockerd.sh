@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Starts a Docker engine for the docker tests when none answers: Debian's docker.io, no iptables
+# rules and no bridge (containers use host networking), logging to /var/tmp/dockerd.log.
+set -euo pipefail
+docker info >/dev/null 2>&1 && exit 0
+command -v dockerd >/dev/null || { echo "install Debian's docker.io first (as root)" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "starting dockerd needs root" >&2; exit 2; }
+setsid dockerd --iptables=false --ip6tables=false --bridge=none \
+  > /var/tmp/dockerd.log 2>&1 < /dev/null &
+for _ in $(seq 60); do
+  docker info >/dev/null 2>&1 && exit 0
+  sleep 1
+done
+echo "dockerd did not start; see /var/tmp/dockerd.log" >&2
+tail -20 /var/tmp/dockerd.log >&2
+exit 1
