@@ -193,6 +193,11 @@ def report(
     report_format: Annotated[
         str, typer.Option(help="html, or pdf (the summary also as PDF, beside the HTML).")
     ] = "html",
+    storage: Annotated[
+        str | None,
+        typer.Option(help="The shared study's storage URL, when it has a password (the results "
+                          "file names it without)."),
+    ] = None,
 ) -> None:
     """Rebuild the summary and detailed reports from a profile run's stored results (merged first
     with the points other processes added to the run's shared Optuna study, if it used one)."""
@@ -204,7 +209,7 @@ def report(
         raise typer.Exit(2)
     export = export_path.resolve()
     try:
-        for note in refresh_from_studies(export, load_results(export)):
+        for note in refresh_from_studies(export, load_results(export), storage):
             typer.echo(f"note: {note}")
         written = render_reports(export, ("html", report_format))
     except ReportError as exc:

@@ -55,7 +55,7 @@ from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.ranking import ConfigResult, Ranker
 from analyzer.search.base import Outcome, SearchStrategy, Trial
 from analyzer.search.brute import BruteSearch, SearchLimits
-from analyzer.search.ledger import owner_id
+from analyzer.search.ledger import owner_id, redact
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import load_search_space
@@ -373,7 +373,8 @@ class Profiler:
             max_percentage=c.max_percentage_of_search_space, objectives=tags,
             fingerprint=fingerprint,
         )  # fmt: skip
-        model.study = {"storage": storage, "study_name": settings.study_name}
+        # the results file names the study; a password in the URL is not written down
+        model.study = {"storage": redact(storage), "study_name": settings.study_name}
         model.pareto = list(tags) if len(tags) > 1 else []
         directions = [
             "maximize" if METRIC_DIRECTIONS[t] else "minimize" for t in tags

@@ -18,7 +18,7 @@ from analyzer.profiler import ModelOutcome, ProfileOutcome
 from analyzer.report.exports import write_csvs, write_results
 from analyzer.results.measurement import Measurement
 from analyzer.results.ranking import ConfigResult, Ranker
-from analyzer.search.ledger import StudyStorageError, load_points
+from analyzer.search.ledger import StudyStorageError, load_points, redact
 
 
 def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
@@ -87,8 +87,11 @@ def merge_points(model: ModelOutcome) -> int:
     return added
 
 
-def refresh_from_studies(export_path: Path, document: dict[str, Any]) -> list[str]:
-    """Merge the shared studies' points into the results files; returns notes for the user."""
+def refresh_from_studies(
+    export_path: Path, document: dict[str, Any], storage: str | None = None
+) -> list[str]:
+    """Merge the shared studies' points into the results files; returns notes for the user.
+    `storage` replaces the URL the results file names (which has no password)."""
     if not any(m.get("study") for m in document["models"]):
         return []
     outcome = outcome_from_document(document)
@@ -96,6 +99,12 @@ def refresh_from_studies(export_path: Path, document: dict[str, Any]) -> list[st
     for model in outcome.models:
         study = model.study
         if not study:
+            continue
+        if storage:
+            study = model.study = {**study, "storage": storage}
+        if ":***@" in study["storage"]:
+            notes.append(f"study '{study['study_name']}' is in {study['storage']}: pass --storage "
+                         "with the password to merge the other processes' points")  # fmt: skip
             continue
         if not _study_reachable(study["storage"]):
             notes.append(f"study '{study['study_name']}' is not at {study['storage']}; the report "
@@ -112,6 +121,9 @@ def refresh_from_studies(export_path: Path, document: dict[str, Any]) -> list[st
                          f"study '{study['study_name']}' merged into the results")  # fmt: skip
     if added:
         outcome.shared += added
+        for model in outcome.models:
+            if model.study:
+                model.study = {**model.study, "storage": redact(model.study["storage"])}
         for model in outcome.models:
             ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
             model.results = ranker.rank(model.results)

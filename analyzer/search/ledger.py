@@ -57,21 +57,22 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                                           grace_period=GRACE_S)  # fmt: skip
     except ImportError as exc:
         raise StudyStorageError(
-            f"--storage '{_redact(url)}' needs a database driver that is not installed ({exc}); "
+            f"--storage '{redact(url)}' needs a database driver that is not installed ({exc}); "
             "for PostgreSQL: pip install psycopg2-binary"
         ) from None
     except Exception as exc:  # sqlalchemy's errors: bad URL, unreachable server, bad password
         raise StudyStorageError(
-            f"--storage '{_redact(url)}' cannot be opened: {str(exc).splitlines()[0]}"
+            f"--storage '{redact(url)}' cannot be opened: {str(exc).splitlines()[0]}"
         ) from None
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """The URL without its password, for messages."""
     if "@" in url and "://" in url:
         scheme, rest = url.split("://", 1)
         credentials, host = rest.rsplit("@", 1)
-        return f"{scheme}://{credentials.split(':')[0]}:***@{host}"
+        if ":" in credentials:
+            return f"{scheme}://{credentials.split(':')[0]}:***@{host}"
     return url
 
 
@@ -287,6 +288,6 @@ def load_points(url: str, study_name: str) -> list[SharedPoint]:
         study = optuna.load_study(study_name=f"{study_name}:points", storage=storage)
     except KeyError:
         raise StudyStorageError(
-            f"study '{study_name}' has no points in '{_redact(url)}'"
+            f"study '{study_name}' has no points in '{redact(url)}'"
         ) from None
     return read_points(study)
