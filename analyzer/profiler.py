@@ -447,7 +447,7 @@ class Profiler:
             else:
                 self.launcher = LocalLauncher(
                     c.output_repository, c.export / "logs" / "worker.log", flags,
-                    c.server_startup_timeout, gpus=c.gpus,
+                    c.server_startup_timeout, cpus=c.worker_cpus, gpus=c.gpus,
                 )  # fmt: skip
         return self.launcher
 

@@ -8,8 +8,11 @@ For each model, brute force runs once and quick and optuna run once per seed, ea
 instances 1..2, max_batch_size 1..16, concurrency 1..32, client protocol HTTP. Reported per mode:
 measured points (median over seeds), and the gap of its best config's throughput to brute force's
 best, where both throughputs are re-measured side by side at the end (the best config of each run
-and brute's best, alternately, 3 pairs) so the machine's drift between runs does not count as a
-gap. Targets (issue 6): gap <= 5% with <= 25% of brute's points.
+and brute's best, alternately, 5 rounds, medians) so the machine's drift between runs does not
+count as a gap; brute's best is re-measured twice, and the difference of the two copies (A/A) is
+the noise floor of that comparison. Targets (issue 6): gap <= 5% with <= 25% of brute's points.
+As BENCHMARKING.md asks, the analyzer and its load generator run on core 0 and the worker on
+core 1 (`taskset -c 0`, `--worker-cpus 1`).
 
 Models: the TorchScript example tiny_cnn, and benchmarks/models/cost_model, a python model whose
 cost is a documented formula (FIXED_MS + PER_ITEM_MS x batch of busy CPU per execution).
@@ -31,14 +34,18 @@ REPOS = {"tiny_cnn": ROOT / "examples" / "model_repository",
          "cost_model": ROOT / "benchmarks" / "models"}  # fmt: skip
 CAPS = ["--run-config-search-max-instance-count", "2", "--run-config-search-max-model-batch-size",
         "16", "--run-config-search-max-concurrency", "32", "--client-protocol", "http"]  # fmt: skip
+# BENCHMARKING.md: on CPU the worker and the load generator get a core each
+PIN = ["taskset", "-c", "0"]
+WORKER_CPUS = ["--worker-cpus", "1"]
+PAIRS = 5
 
 
 def profile(model: str, mode: str, seed: int, work: Path) -> dict:
     export = work / f"{model}-{mode}-{seed}"
-    cmd = [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(REPOS[model]),
-           "--profile-models", model, "--output-model-repository-path", str(export / "out"),
-           "--export-path", str(export), "--run-config-search-mode", mode, "--seed", str(seed),
-           *CAPS]  # fmt: skip
+    cmd = [*PIN, sys.executable, "-m", "analyzer", "profile", "--model-repository",
+           str(REPOS[model]), "--profile-models", model, "--output-model-repository-path",
+           str(export / "out"), "--export-path", str(export), "--run-config-search-mode", mode,
+           "--seed", str(seed), *CAPS, *WORKER_CPUS]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if run.returncode != 0:
         raise SystemExit(f"{model} {mode} seed {seed} failed:\n{run.stdout[-3000:]}{run.stderr}")
@@ -60,16 +67,17 @@ def remeasure(model: str, tag: str, runs: dict[str, dict], work: Path) -> dict[s
         (repo / f"w_{name}" / "config.pbtxt").write_text(
             text.replace(f'name: "{run["best"]["name"]}"', f'name: "w_{name}"'))
     out: dict[str, list[float]] = {name: [] for name in runs}
-    for pair in range(3):
+    for pair in range(PAIRS):
         order = list(runs) if pair % 2 == 0 else list(reversed(runs))
         for name in order:
             best = runs[name]["best"]["best"]
             export = work / f"{model}-{tag}-again-{name}-{pair}"
-            cmd = [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(repo),
+            cmd = [*PIN, sys.executable, "-m", "analyzer", "profile", "--model-repository",
+                   str(repo),
                    "--profile-models", f"w_{name}", "--run-config-search-disable",
                    "-c", str(best["value"]), "--client-protocol", "http",
                    "--output-model-repository-path", str(export / "out"),
-                   "--export-path", str(export)]  # fmt: skip
+                   "--export-path", str(export), *WORKER_CPUS]  # fmt: skip
             subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True)
             doc = json.loads((export / "results" / "profile_results.json").read_text())
             out[name].append(doc["models"][0]["configs"][0]["best"]["metrics"]["perf_throughput"])
@@ -90,14 +98,17 @@ def main() -> int:
                   f"{brute['throughput']:.0f} infer/s ({brute['wall_s']:.0f} s)", flush=True)
             for mode in ("quick", "optuna"):
                 runs = {f"s{seed}": profile(model, mode, seed, work) for seed in seeds}
-                again = remeasure(model, mode, {"brute": brute, **runs}, work)
+                # brute's winner twice: the A/A difference is the re-measurement's noise floor
+                again = remeasure(model, mode, {"brute": brute, "aa": brute, **runs}, work)
                 gaps = [1 - again[name] / again["brute"] for name in runs]
+                floor = 1 - again["aa"] / again["brute"]
                 share = [run["measured"] / brute["measured"] for run in runs.values()]
                 points = statistics.median(r["measured"] for r in runs.values())
                 print(f"  {mode}: points {points:.0f} = {statistics.median(share):.0%} of brute "
                       f"(min {min(share):.0%}, max {max(share):.0%}); gap to brute's best, "
                       f"re-measured side by side: median {statistics.median(gaps):+.1%} "
-                      f"(min {min(gaps):+.1%}, max {max(gaps):+.1%})", flush=True)  # fmt: skip
+                      f"(min {min(gaps):+.1%}, max {max(gaps):+.1%}); A/A noise floor "
+                      f"{floor:+.1%}", flush=True)  # fmt: skip
                 for name, run in runs.items():
                     print(f"    seed {name[1:]}: {run['measured']} points, best "
                           f"{run['best']['name']} ({run['best']['description']['instance_group']}, "

@@ -140,6 +140,9 @@ FIELDS: tuple[Field, ...] = (
           "Most windows per point (a point that is not stable by then is kept, marked unstable)."),
     Field("client_processes", "int", 0, "Load-generator processes (0: grow when saturated)."),
     Field("server_startup_timeout", "float", 120.0, "Seconds to wait for the worker to start."),
+    Field("worker_cpus", "str", "",
+          "CPU list the local worker is pinned to (taskset -c syntax, e.g. 1 or 2-7), so it "
+          "does not share cores with the load generator; default: not pinned."),
     Field("seed", "int", 0, "Seed for random input tensors."),
     Field("shape", "multi", None,
           "NAME:d1,d2 for an input with dynamic dims, every model (repeat the flag per input; "
