@@ -25,7 +25,7 @@ def profile_command(argv: list[str]) -> int:
     try:
         config = load_profile_config(argv)
     except ProfileConfigError as exc:
-        err.print(f"error: {exc}", markup=False)
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     for note in config.notes:
         console.print(f"note: {note}", markup=False)
@@ -33,7 +33,7 @@ def profile_command(argv: list[str]) -> int:
         with ProgressDisplay(console) as display:
             outcome = Profiler(config, display).run()
     except (ProfileConfigError, RepositoryError, SearchSpaceError, LaunchSetupError) as exc:
-        err.print(f"error: {exc}", markup=False)
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err.print(
@@ -46,7 +46,7 @@ def profile_command(argv: list[str]) -> int:
     try:
         paths = write_csvs(outcome, results)
     except ValueError as exc:
-        err.print(f"error: {exc}", markup=False)
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     paths = {"Results": write_results(outcome, results), **paths}
     written = render_reports(config.export)

@@ -103,7 +103,7 @@ def perf_command(
     try:
         options = build_options(**flags)
     except ValueError as exc:  # InputError is a ValueError too
-        err.print(f"error: {exc}", markup=False)
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     console.print(
         settings_text(options.settings, options.batch_size, options.mode, options.distribution),
@@ -116,7 +116,7 @@ def perf_command(
             points.append(point)
             console.print("\n" + point_text(point), markup=False, soft_wrap=True)
     except (ServerError, InputError, MeasurementError) as exc:
-        err.print(f"error: {exc}", markup=False)
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:
         err.print("interrupted: writing the points measured so far", markup=False)
