@@ -55,7 +55,7 @@ from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.ranking import ConfigResult, Ranker
 from analyzer.search.base import Outcome, SearchStrategy, Trial
 from analyzer.search.brute import BruteSearch, SearchLimits
-from analyzer.search.ledger import owner_id, redact
+from analyzer.search.ledger import owner_id, redact, unmerged
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import load_search_space
@@ -249,7 +249,8 @@ class Profiler:
                                 model)
         variants: dict[str, ConfigResult | None] = {}
         try:
-            self._search(model, source, search, variants, cpu_only, fingerprint, checkpoint)
+            self._search(model, source, search, variants, cpu_only, fingerprint, checkpoint,
+                         options)
         finally:
             if isinstance(search, OptunaSearch):
                 search.close()
@@ -259,10 +260,9 @@ class Profiler:
     def _search(
         self, model: ModelOutcome, source: ModelSource, search: SearchStrategy,
         variants: dict[str, ConfigResult | None], cpu_only: bool, fingerprint: list,
-        checkpoint: Checkpoint,
+        checkpoint: Checkpoint, options: PerfOptions,
     ) -> None:  # fmt: skip
         spec = model.spec
-        settings, options = self._settings(spec)
         ranker = Ranker(spec.objectives, spec.constraints)
         current: ConfigResult | None = None
         fingerprint_text = json.dumps(fingerprint)
@@ -331,22 +331,14 @@ class Profiler:
         variants: dict[str, ConfigResult | None], cpu_only: bool,
     ) -> None:  # fmt: skip
         """Points other processes sharing the study measured join this run's results."""
-        have = {(key, m.load, m.value, m.batch_size) for key, r in variants.items()
-                if r is not None for m in r.measurements}  # fmt: skip
-        for point in search.ledger.points():
+        for point in unmerged(search.ledger.points(), variants):
             t = point.trial
-            if (t.params_json, t.load, t.value, t.batch_size) in have:
-                continue
             if t.params_json not in variants:
                 variants[t.params_json] = self._new_variant(model, source, t, cpu_only)
             result = variants[t.params_json]
             if result is None:
                 continue
-            measurement = Measurement.from_dict(point.measurement)
-            measurement.config_name = result.name
-            measurement.host = measurement.host or point.host
-            result.measurements.append(measurement)
-            have.add((t.params_json, t.load, t.value, t.batch_size))
+            result.measurements.append(point.to_measurement(result.name))
             self.outcome.shared += 1
 
     def _strategy(

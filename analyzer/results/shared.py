@@ -18,7 +18,7 @@ from analyzer.profiler import ModelOutcome, ProfileOutcome
 from analyzer.report.exports import write_csvs, write_results
 from analyzer.results.measurement import Measurement
 from analyzer.results.ranking import ConfigResult, Ranker
-from analyzer.search.ledger import StudyStorageError, load_points, redact
+from analyzer.search.ledger import StudyStorageError, load_points, redact, unmerged
 
 
 def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
@@ -59,13 +59,9 @@ def merge_points(model: ModelOutcome) -> int:
     study = model.study
     points = load_points(study["storage"], study["study_name"])
     by_params = {json.dumps(r.params, sort_keys=True): r for r in model.results}
-    have = {(k, m.load, m.value, m.batch_size) for k, r in by_params.items()
-            for m in r.measurements}  # fmt: skip
     added = 0
-    for point in points:
+    for point in unmerged(points, by_params):
         t = point.trial
-        if (t.params_json, t.load, t.value, t.batch_size) in have:
-            continue
         result = by_params.get(t.params_json)
         if result is None:
             index = sum(1 for r in model.results if not r.is_default)
@@ -78,11 +74,7 @@ def merge_points(model: ModelOutcome) -> int:
             )  # fmt: skip
             model.results.append(result)
             by_params[t.params_json] = result
-        measurement = Measurement.from_dict(point.measurement)
-        measurement.config_name = result.name
-        measurement.host = measurement.host or point.host
-        result.measurements.append(measurement)
-        have.add((t.params_json, t.load, t.value, t.batch_size))
+        result.measurements.append(point.to_measurement(result.name))
         added += 1
     return added
 

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.trial import FrozenTrial, TrialState
 
 from analyzer.config.profile_config import ProfileConfigError
+from analyzer.results.measurement import Measurement
 from analyzer.search.base import Outcome, Trial
 
 HEARTBEAT_S = 5
@@ -113,6 +115,26 @@ class SharedPoint:
     measurement: dict[str, Any]
     config: dict[str, Any]
     host: str
+
+    def to_measurement(self, config_name: str) -> Measurement:
+        """The point as a measurement of `config_name`, this run's name for its config."""
+        measurement = Measurement.from_dict(self.measurement)
+        measurement.config_name = config_name
+        measurement.host = measurement.host or self.host
+        return measurement
+
+
+def unmerged(points: Iterable[SharedPoint], results: Mapping[str, Any]) -> Iterator[SharedPoint]:
+    """The points that `results` (params_json -> a result with .measurements, or None) lack,
+    each once."""
+    have = {(key, m.load, m.value, m.batch_size) for key, r in results.items()
+            if r is not None for m in r.measurements}  # fmt: skip
+    for point in points:
+        t = point.trial
+        key = (t.params_json, t.load, t.value, t.batch_size)
+        if key not in have:
+            have.add(key)
+            yield point
 
 
 class Ledger:
