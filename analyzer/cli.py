@@ -62,6 +62,59 @@ def serve(
     exit_on_stdin_eof: Annotated[
         bool, typer.Option(help="Stop when stdin closes (the launcher's lifeline).")
     ] = False,
+    allow_model_file_uploads: Annotated[
+        str,
+        typer.Option(
+            help="true: a repository-API load request may carry 'file:' parameters (model files, "
+            "python model.py code among them) that this worker writes to a private temporary "
+            "folder and then LOADS AND RUNS as the user running the worker. Anyone who can reach "
+            "the repository API can then run code on this machine: turn it on only with "
+            "--http-restricted-api/--grpc-restricted-protocol on model-repository, or on a "
+            "port only trusted users reach. Default false: such requests are refused."
+        ),
+    ] = "false",
+    http_restricted_api: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="'<api>[,<api>...]:<header>=<value>' (Triton's): those API categories answer "
+            "only requests carrying that header. APIs: health, metadata, inference, "
+            "shared-memory, model-config, model-repository, statistics, trace, logging."
+        ),
+    ] = None,
+    grpc_restricted_protocol: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="'<api>[,<api>...]:<key>=<value>' (Triton's): those gRPC categories answer only "
+            "calls carrying that metadata key and value."
+        ),
+    ] = None,
+    http_max_input_size: Annotated[
+        str, typer.Option(help="Largest request body, also once inflated (413 beyond).")
+    ] = "64MB",
+    http_max_header_size: Annotated[
+        str, typer.Option(help="Largest request line plus headers (431 beyond).")
+    ] = "64KB",
+    http_header_timeout: Annotated[
+        float, typer.Option(help="Seconds a request may take to arrive whole.")
+    ] = 30.0,
+    http_idle_timeout: Annotated[
+        float, typer.Option(help="Seconds an idle keep-alive connection is kept.")
+    ] = 300.0,
+    http_max_connections: Annotated[
+        int, typer.Option(help="Open HTTP connections at most (503 beyond, stalled ones first).")
+    ] = 4096,
+    http_max_pending: Annotated[
+        int, typer.Option(help="Replies one connection may have outstanding before reading pauses.")
+    ] = 64,
+    grpc_max_message_size: Annotated[
+        str, typer.Option(help="Largest gRPC message either way, after decompression.")
+    ] = "64MB",
+    grpc_max_concurrent_rpcs: Annotated[
+        int, typer.Option(help="gRPC calls served at once (RESOURCE_EXHAUSTED beyond).")
+    ] = 4096,
+    max_instance_count: Annotated[
+        int, typer.Option(help="Model instances one model version may have at most.")
+    ] = 64,
 ) -> None:
     """Serve a model repository with Triton's HTTP/REST, gRPC and metrics protocols."""
     from analyzer.worker.server import ServeOptions
@@ -84,8 +137,47 @@ def serve(
         allow_metrics=_as_bool("--allow-metrics", allow_metrics),
         exit_on_error=_as_bool("--exit-on-error", exit_on_error),
         exit_on_stdin_eof=exit_on_stdin_eof,
+        limits=_limits(
+            http_max_input_size, http_max_header_size, http_header_timeout, http_idle_timeout,
+            http_max_connections, http_max_pending, grpc_max_message_size,
+            grpc_max_concurrent_rpcs, max_instance_count,
+        ),
+        allow_model_file_uploads=_as_bool("--allow-model-file-uploads", allow_model_file_uploads),
+        http_restricted_api=list(http_restricted_api or []),
+        grpc_restricted_protocol=list(grpc_restricted_protocol or []),
     )
     raise typer.Exit(run_worker(options))
+
+
+def _limits(
+    max_input: str, max_header: str, header_timeout: float, idle_timeout: float,
+    max_connections: int, max_pending: int, grpc_max_message: str, grpc_max_rpcs: int,
+    max_instances: int,
+):  # fmt: skip
+    from analyzer.worker.limits import Limits, parse_size
+
+    def size(flag: str, text: str) -> int:
+        try:
+            return parse_size(text)
+        except ValueError as err:
+            raise typer.BadParameter(f"{flag}: {err}") from None
+
+    def positive(flag: str, value: float) -> float:
+        if value <= 0:
+            raise typer.BadParameter(f"{flag} must be positive, got {value}")
+        return value
+
+    return Limits(
+        max_input_bytes=size("--http-max-input-size", max_input),
+        max_header_bytes=size("--http-max-header-size", max_header),
+        header_timeout_s=positive("--http-header-timeout", header_timeout),
+        idle_timeout_s=positive("--http-idle-timeout", idle_timeout),
+        max_connections=int(positive("--http-max-connections", max_connections)),
+        max_pending_per_connection=int(positive("--http-max-pending", max_pending)),
+        grpc_max_message_bytes=size("--grpc-max-message-size", grpc_max_message),
+        grpc_max_concurrent_rpcs=int(positive("--grpc-max-concurrent-rpcs", grpc_max_rpcs)),
+        max_instance_count=int(positive("--max-instance-count", max_instances)),
+    )
 
 
 class Protocol(StrEnum):

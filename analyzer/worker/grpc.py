@@ -26,8 +26,10 @@ from analyzer.datatypes import (
 )
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.http import server_metadata
+from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.request import InferRequest
+from analyzer.worker.restrict import Restrictions
 
 _UNLIMITED = 2**31 - 1
 # InferTensorContents field holding each datatype's values when raw contents are not used.
@@ -47,7 +49,17 @@ def _param_value(param: pb.InferParameter) -> Any:
 class GrpcServer:
     """Start/stop wrapper: `start()` returns the bound port once the server is serving."""
 
-    def __init__(self, manager: ModelManager, api, host: str, port: int):
+    def __init__(
+        self,
+        manager: ModelManager,
+        api,
+        host: str,
+        port: int,
+        limits: Limits | None = None,
+        restrictions: Restrictions | None = None,
+    ):
+        self.limits = limits or Limits()
+        self.restrictions = restrictions or Restrictions()
         self.manager = manager
         self.api = api
         self.host = host

@@ -19,6 +19,7 @@ from analyzer.worker.errors import InferError, Status
 from analyzer.worker.http_server import HttpRequest, HttpResponse, Respond, error_response
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.request import InferRequest
+from analyzer.worker.restrict import Restrictions
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_TYPE = "application/json"
@@ -52,8 +53,15 @@ def _error(err: InferError) -> HttpResponse:
 class RestApi:
     """Routes one parsed HTTP request; answers through `respond` (now or from a callback)."""
 
-    def __init__(self, manager: ModelManager, loop: asyncio.AbstractEventLoop, version: str):
+    def __init__(
+        self,
+        manager: ModelManager,
+        loop: asyncio.AbstractEventLoop,
+        version: str,
+        restrictions: Restrictions | None = None,
+    ):
         self.manager = manager
+        self.restrictions = restrictions or Restrictions()
         self.loop = loop
         self.metadata = _json(server_metadata(version))
         self.live = True

@@ -21,6 +21,8 @@ from http import HTTPStatus
 
 import httptools
 
+from analyzer.worker.limits import Limits
+
 log = logging.getLogger(__name__)
 
 
@@ -31,6 +33,11 @@ class HttpRequest:
     query: str
     headers: dict[str, str]
     body: bytes | memoryview
+    # called once, on the event loop, if the client disconnects before this request is answered
+    disconnect_hooks: list[Callable[[], None]] = field(default_factory=list)
+
+    def on_disconnect(self, hook: Callable[[], None]) -> None:
+        self.disconnect_hooks.append(hook)
 
 
 @dataclass(slots=True)
@@ -168,7 +175,9 @@ def _error_json(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
-async def start_http_server(handler: Handler, host: str, port: int) -> asyncio.AbstractServer:
+async def start_http_server(
+    handler: Handler, host: str, port: int, limits: Limits | None = None
+) -> asyncio.AbstractServer:
     loop = asyncio.get_running_loop()
     return await loop.create_server(
         lambda: _Protocol(handler), host, port, reuse_address=True, backlog=1024

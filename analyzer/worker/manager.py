@@ -53,13 +53,21 @@ class ModelEntry:
 
 
 class ModelManager:
-    def __init__(self, repository: str | Path, control_mode: str = "none"):
+    def __init__(
+        self,
+        repository: str | Path,
+        control_mode: str = "none",
+        allow_file_uploads: bool = False,
+        max_instance_count: int = 64,
+    ):
         if control_mode not in CONTROL_MODES:
             raise ValueError(
                 f"--model-control-mode '{control_mode}' is not one of {', '.join(CONTROL_MODES)}"
             )
         self.repository = Path(repository)
         self.control_mode = control_mode
+        self.allow_file_uploads = allow_file_uploads
+        self.max_instance_count = max_instance_count
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()
         self._models: dict[str, ModelEntry] = {}

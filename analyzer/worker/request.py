@@ -31,6 +31,11 @@ class InferRequest:
     queue_start_ns: int = 0
     correlation_id: int | str = 0
     flags: int = 0
+    cancelled: bool = False  # the client went away: drop it instead of running it
+
+    def cancel(self) -> None:
+        """Called from the protocol's loop when the client disconnects or cancels the call."""
+        self.cancelled = True
 
     def batch_signature(self) -> tuple:
         """Requests batch together only when every non-batch dimension agrees."""

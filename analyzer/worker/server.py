@@ -8,6 +8,7 @@ SIGINT/SIGTERM stop accepting work, finalize every model and release the ports.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import sys
@@ -18,8 +19,10 @@ import uvloop
 
 from analyzer import __version__
 from analyzer.repository.repository import RepositoryError
+from analyzer.worker import restrict
 from analyzer.worker.http import RestApi
 from analyzer.worker.http_server import HttpRequest, HttpResponse, Respond, start_http_server
+from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.memory import tune_malloc
 from analyzer.worker.metrics import render_metrics
@@ -41,6 +44,11 @@ class ServeOptions:
     allow_metrics: bool = True
     exit_on_error: bool = True
     exit_on_stdin_eof: bool = False  # a lifeline: the launcher holds stdin open while it lives
+    limits: Limits = field(default_factory=Limits)
+    # opt-in: 'file:' parameters of a load request become a model folder the worker runs
+    allow_model_file_uploads: bool = False
+    http_restricted_api: list[str] = field(default_factory=list)  # '<api,...>:<header>=<value>'
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
 
 
 class StartupError(RuntimeError):
@@ -50,7 +58,12 @@ class StartupError(RuntimeError):
 class Worker:
     def __init__(self, options: ServeOptions):
         self.options = options
-        self.manager = ModelManager(options.model_repository, options.model_control_mode)
+        self.manager = ModelManager(
+            options.model_repository,
+            options.model_control_mode,
+            allow_file_uploads=options.allow_model_file_uploads,
+            max_instance_count=options.limits.max_instance_count,
+        )
         self.servers: list[asyncio.AbstractServer] = []
         self.grpc = None
         self.api: RestApi | None = None
@@ -60,6 +73,12 @@ class Worker:
         loop = asyncio.get_running_loop()
         opts = self.options
         try:
+            http_rules = restrict.build("--http-restricted-api", opts.http_restricted_api)
+            grpc_rules = restrict.build("--grpc-restricted-protocol", opts.grpc_restricted_protocol)
+        except restrict.RestrictionError as err:
+            raise StartupError(str(err)) from None
+        _warn_if_exposed(opts, http_rules, grpc_rules)
+        try:
             errors = await loop.run_in_executor(None, self.manager.startup, opts.load_models)
         except RepositoryError as err:
             raise StartupError(str(err)) from None
@@ -68,7 +87,7 @@ class Worker:
         if errors and opts.exit_on_error:
             await loop.run_in_executor(None, self.manager.shutdown)
             raise StartupError(f"{len(errors)} model(s) failed to load")
-        self.api = RestApi(self.manager, loop, __version__)
+        self.api = RestApi(self.manager, loop, __version__, restrictions=http_rules)
         try:
             if opts.allow_http:
                 await self._listen("http", self.api, opts.http_port)
@@ -77,7 +96,10 @@ class Worker:
             if opts.allow_grpc:
                 from analyzer.worker.grpc import GrpcServer
 
-                self.grpc = GrpcServer(self.manager, self.api, opts.host, opts.grpc_port)
+                self.grpc = GrpcServer(
+                    self.manager, self.api, opts.host, opts.grpc_port,
+                    limits=opts.limits, restrictions=grpc_rules,
+                )  # fmt: skip
                 self.ports["grpc"] = self.grpc.start()
         except OSError as err:
             await self.stop()
@@ -85,7 +107,7 @@ class Worker:
         self.api.ready = True
 
     async def _listen(self, name: str, handler, port: int) -> None:
-        server = await start_http_server(handler, self.options.host, port)
+        server = await start_http_server(handler, self.options.host, port, self.options.limits)
         self.servers.append(server)
         self.ports[name] = server.sockets[0].getsockname()[1]
 
@@ -114,6 +136,32 @@ class Worker:
         await loop.run_in_executor(None, self.manager.shutdown)
         for server in self.servers:
             await server.wait_closed()
+
+
+def _warn_if_exposed(opts: ServeOptions, http_rules, grpc_rules) -> None:
+    """Explicit mode on a non-loopback address lets other machines load and unload models."""
+    if opts.model_control_mode != "explicit" or _is_loopback(opts.host):
+        return
+    guarded = "model-repository" in http_rules.rules and "model-repository" in grpc_rules.rules
+    print(
+        f"warning: --model-control-mode explicit on {opts.host}: any host that reaches these "
+        "ports can load and unload models"
+        + ("" if guarded else "; restrict it with --http-restricted-api and "
+           "--grpc-restricted-protocol model-repository:<header>=<value>")
+        + (" and run uploaded model code (--allow-model-file-uploads=true)"
+           if opts.allow_model_file_uploads else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def _serve(options: ServeOptions) -> int:
