@@ -1,6 +1,7 @@
 """Serving efficiency: TorchScript example through the worker vs in-process torch.
 
     .venv/bin/python benchmarks/serving_efficiency.py [--pairs 3] [--window-ms 2000]
+    .venv/bin/python benchmarks/serving_efficiency.py --compare-tree /tmp/before [--settings ...]
 
 For each serving setting (client batch, dynamic batching, instances, concurrency) the worker is
 driven by NVIDIA's perf_analyzer, alternating with the offline limit measured in-process (torch,
@@ -8,6 +9,12 @@ inference_mode, inputs prepared in advance) at the batch size the worker actuall
 the worker and the offline loop are pinned to core 1 and perf_analyzer to core 0, with one torch
 thread on both sides (../shared/BENCHMARKING.md). Reported: per setting the median of the pairwise
 ratios served/offline with min and max; the figure is the best setting's median.
+
+`--compare-tree DIR` measures a code change side by side: three workers on core 1 -- this tree
+("after"), a second copy of it ("after-again", the A/A noise floor) and DIR's `analyzer` package
+("before", e.g. a `git worktree` of the previous commit) -- are driven in turn, in a rotating
+order, within every pair; reported per setting: after/before and after/after-again, median
+(min-max), next to each worker's served/offline.
 """
 
 from __future__ import annotations
@@ -128,18 +135,69 @@ def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[f
     return throughput, executed, busy
 
 
+def compare(args: argparse.Namespace, settings: list[Setting], tmp: Path) -> int:
+    """after / before / after-again workers in rotating order; the A/A floor beside the ratio."""
+    workers = {
+        "after": start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU),
+        "after-again": start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU),
+        "before": start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU,
+                               source_tree=Path(args.compare_tree).resolve()),
+    }  # fmt: skip
+    offline = Offline()
+    names = list(workers)
+    try:
+        for s in settings:
+            for w in workers.values():
+                _, warm_batch, _ = served(w.http, s, 1000, tmp / "warm.csv")
+            batch = max(1, round(warm_batch))
+            got: dict[str, list[float]] = {n: [] for n in names}
+            limits = []
+            for i in range(args.pairs):
+                order = names[i % 3:] + names[: i % 3]
+                limits.append(offline.measure(batch, args.window_ms / 1000 * 3))
+                for n in order:
+                    got[n].append(served(workers[n].http, s, args.window_ms, tmp / "p.csv")[0])
+
+            def ratio(a: str, b: str, got=got) -> str:
+                r = [x / y for x, y in zip(got[a], got[b], strict=True)]
+                return f"{statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})"
+
+            eff = ", ".join(
+                f"{n} {statistics.median([x / o for x, o in zip(got[n], limits, strict=True)]):.3f}"
+                for n in names
+            )
+            rates = ", ".join(f"{n} {statistics.median(got[n]):.0f}" for n in names)
+            print(f"{s.name:>12}: after/before {ratio('after', 'before')}; A/A after/after-again "
+                  f"{ratio('after', 'after-again')}; served/offline medians: {eff}; "
+                  f"infer/s medians: {rates}", flush=True)  # fmt: skip
+    finally:
+        offline.close()
+        for w in workers.values():
+            w.stop()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--window-ms", type=int, default=1500)
+    parser.add_argument("--compare-tree", help="another checkout's root: measure after/before")
+    parser.add_argument("--settings", help="comma-separated setting names (default: all)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="serving-eff-"))
+    settings = [s for s in SETTINGS if not args.settings or s.name in args.settings.split(",")]
+    if args.compare_tree:
+        make_repository(tmp / "repo")
+        try:
+            return compare(args, settings, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     make_repository(tmp / "repo")
     worker = start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU)
     offline = Offline()
     results = {}
     try:
-        for s in SETTINGS:
+        for s in settings:
             _, warm_batch, _ = served(worker.http, s, 1000, tmp / "warm.csv")  # warm-up
             batch = max(1, round(warm_batch))  # offline runs the batch the worker executes
             offline.measure(batch, 2.0)

@@ -47,9 +47,16 @@ class Served:
 
 
 def start_worker(
-    repository: Path, *args: str, timeout: float = 90, cpus: str | None = None
+    repository: Path,
+    *args: str,
+    timeout: float = 90,
+    cpus: str | None = None,
+    source_tree: Path | None = None,
 ) -> Served:
-    """Launch the worker on free ports and wait for its ready line."""
+    """Launch the worker on free ports and wait for its ready line.
+
+    `source_tree`: run the `analyzer` package of another checkout (benchmarks compare commits).
+    """
     cmd = [
         sys.executable,
         "-m",
@@ -72,8 +79,9 @@ def start_worker(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=source_tree or ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1",
+             **({"PYTHONPATH": str(source_tree)} if source_tree else {})},
     )
     served = Served(process, {})
     ready = threading.Event()
