@@ -68,3 +68,25 @@ def test_sizes():
     for bad in ("", "lots", "-1", "0"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_explicit_mode_on_a_non_loopback_address_warns(capsys):
+    from analyzer.worker.restrict import Restrictions
+    from analyzer.worker.server import ServeOptions, _warn_if_exposed
+
+    def warned(host: str, mode: str = "explicit", rules=None) -> str:
+        opts = ServeOptions(model_repository=".", host=host, model_control_mode=mode)
+        rules = rules or Restrictions()
+        _warn_if_exposed(opts, rules, rules)
+        return capsys.readouterr().err
+
+    assert warned("127.0.0.1") == ""
+    assert warned("::1") == ""
+    assert warned("localhost") == ""
+    assert warned("0.0.0.0", mode="none") == ""
+    text = warned("0.0.0.0")
+    assert "warning: --model-control-mode explicit on 0.0.0.0" in text
+    assert "--http-restricted-api" in text
+    guarded = build("--http-restricted-api", ["model-repository:k=v"], environ={})
+    assert "--http-restricted-api" not in warned("10.1.2.3", rules=guarded)
+    assert "warning" in warned("10.1.2.3", rules=guarded)
