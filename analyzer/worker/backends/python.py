@@ -9,12 +9,14 @@ tensors are never pickled. Python models receive the requests of a batch as a li
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from analyzer.config.model_config import (
@@ -24,61 +26,151 @@ from analyzer.config.model_config import (
 )
 from analyzer.repository.repository import ModelSource
 from analyzer.worker.backends.base import Backend, BackendInstance, InstanceSpec, Result
-from analyzer.worker.backends.python_stub import ShmArena, read_tensor, write_tensors
+from analyzer.worker.backends.python_stub import (
+    ShmArena,
+    ShmSpaceError,
+    read_tensor,
+    recv_fd,
+    send_fd,
+    write_tensors,
+)
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest
 
+log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120
+FINALIZE_TIMEOUT_S = 10  # a model's finalize() gets this long before its process is killed
+_LOCK_WAIT_S = 2  # a call still running after this long at stop is a hung execute
+
+
+class _Spawner:
+    """Forks every stub from one thread that lives as long as the worker.
+
+    Stubs ask for PR_SET_PDEATHSIG, which fires when the forking *thread* exits; forking from
+    short-lived executor or gRPC threads would kill healthy stubs, so all forks happen here.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, *args, **kwargs) -> subprocess.Popen:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="python-stub-spawner")
+            pool = self._pool
+        return pool.submit(subprocess.Popen, *args, **kwargs).result()
+
+
+_spawner = _Spawner()
+_live: set[StubProcess] = set()
+_live_lock = threading.Lock()
+
+
+def kill_all_stubs() -> int:
+    """SIGKILL every stub still running (the worker's shutdown deadline); returns how many."""
+    with _live_lock:
+        stubs = list(_live)
+    killed = 0
+    for stub in stubs:
+        if stub.process.poll() is None:
+            stub.process.kill()
+            killed += 1
+    return killed
 
 
 class StubProcess:
-    """One child process and its control channel; every call is a request/reply pair."""
+    """One child process and its control channel; every call is a request/reply pair.
+
+    The child stays in the worker's process group, so a launcher's killpg reaches it too.
+    """
 
     def __init__(self, label: str):
         self.label = label
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "analyzer.worker.backends.python_stub", str(child.fileno())],
-            pass_fds=(child.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stdout=sys.stderr.fileno(),
-            env=env,
-        )
-        child.close()
-        self.conn = Connection(parent.detach())
+        try:
+            self.process = _spawner.popen(
+                [sys.executable, "-m", "analyzer.worker.backends.python_stub",
+                 str(child.fileno()), str(os.getpid())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=sys.stderr.fileno(),
+                env=env,
+            )  # fmt: skip
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self.sock = parent  # for arena fds; the Connection below shares the channel
+        self.conn = Connection(os.dup(parent.fileno()))
         self.lock = threading.Lock()
+        with _live_lock:
+            _live.add(self)
 
-    def call(self, message: dict, timeout: float | None = None) -> dict:
+    def call(self, message: dict, timeout: float | None = None, fd: int | None = None) -> dict:
+        """Send `message` (and `fd`, which is closed here); a reply's new arena fd is in 'fd'."""
         with self.lock:
-            try:
-                self.conn.send(message)
-                if timeout is not None and not self.conn.poll(timeout):
-                    raise InferError(f"{self.label} did not answer within {timeout:.0f} s",
-                                     Status.INTERNAL)  # fmt: skip
-                reply = self.conn.recv()
-            except (EOFError, OSError, BrokenPipeError):
-                code = self.process.poll()
-                raise InferError(
-                    f"{self.label} stopped (exit code {code}); see the worker's log",
-                    Status.INTERNAL,
-                ) from None
+            return self._call(message, timeout, fd)
+
+    def _call(self, message: dict, timeout: float | None, fd: int | None) -> dict:
+        try:
+            message["fd"] = fd is not None
+            self.conn.send(message)
+            send_fd(self.sock, fd)
+            fd = None
+            if timeout is not None and not self.conn.poll(timeout):
+                raise InferError(f"{self.label} did not answer within {timeout:.0f} s",
+                                 Status.INTERNAL)  # fmt: skip
+            reply = self.conn.recv()
+            if reply.get("fd"):
+                reply["fd"] = recv_fd(self.sock)
+        except (EOFError, OSError):
+            code = self.process.poll()
+            raise InferError(
+                f"{self.label} stopped (exit code {code}); see the worker's log",
+                Status.INTERNAL,
+            ) from None
+        finally:
+            if fd is not None:
+                os.close(fd)
         if "error" in reply:
-            raise InferError(f"{self.label}: {reply['error']}", Status.INTERNAL)
+            status = Status.UNAVAILABLE if reply.get("no_space") else Status.INTERNAL
+            raise InferError(f"{self.label}: {reply['error']}", status)
         return reply
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        """Finalize the model if the child answers in time, else kill it; never blocks for long.
+
+        A hung execute holds the lock in a recv that only the child's death ends: killing the
+        child answers that call with an error, and its runner then answers its requests.
+        """
+        finalized = False
+        if self.process.poll() is None and self.lock.acquire(timeout=_LOCK_WAIT_S):
             try:
-                self.call({"op": "finalize"}, timeout=30)
+                self._call({"op": "finalize"}, FINALIZE_TIMEOUT_S, None)
+                finalized = True
             except InferError:
                 pass
-        self.conn.close()
+            finally:
+                self.lock.release()
         try:
-            self.process.wait(10)
+            self.process.wait(FINALIZE_TIMEOUT_S if finalized else 0)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait(5)
+            try:
+                self.process.wait(FINALIZE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:  # stuck in the kernel; its fds go with it
+                log.warning("%s (pid %d) did not exit after SIGKILL", self.label, self.process.pid)
+        with _live_lock:
+            _live.discard(self)
+        if self.lock.acquire(timeout=_LOCK_WAIT_S):  # no call is inside recv on these fds
+            try:
+                self.conn.close()
+                self.sock.close()
+            finally:
+                self.lock.release()
 
 
 class PythonBackend(Backend):
@@ -156,7 +248,10 @@ class PythonInstance(BackendInstance):
     def execute(self, requests: list[InferRequest], timing: BatchTiming) -> list[Result]:
         t0 = time.perf_counter_ns()
         arrays = [(name, arr) for r in requests for name, arr in r.inputs.items()]
-        layout = write_tensors(self.inputs, arrays)
+        try:
+            layout, fd = write_tensors(self.inputs, arrays)
+        except ShmSpaceError as err:
+            raise InferError(f"{self.name}: {err}", Status.UNAVAILABLE) from None
         specs, i = [], 0
         for r in requests:
             n = len(r.inputs)
@@ -167,11 +262,22 @@ class PythonInstance(BackendInstance):
             })  # fmt: skip
             i += n
         t1 = time.perf_counter_ns()
-        reply = self.stub.call(
-            {"op": "execute", "shm": (self.inputs.path, self.inputs.size), "requests": specs}
-        )
+        message = {"op": "execute", "shm_size": self.inputs.size,
+                   "outputs_size": self.outputs.size, "requests": specs}  # fmt: skip
+        try:
+            reply = self.stub.call(message, fd=fd)
+        except InferError:
+            if fd is not None:  # the child may not hold the new file: reserve a fresh one next time
+                self.inputs.close()
+            raise
         t2 = time.perf_counter_ns()
-        self.outputs.attach(*reply["shm"])
+        if reply["fd"] is not False:
+            try:
+                self.outputs.adopt(reply["fd"], reply["shm_size"])
+            except OSError as err:  # our stale outputs_size makes the child send a new file
+                raise InferError(
+                    f"{self.name}: cannot map its outputs: {err}", Status.INTERNAL
+                ) from None
         results: list[Result] = []
         for outputs, error in zip(reply["outputs"], reply["errors"], strict=True):
             if error is not None:
@@ -189,5 +295,5 @@ class PythonInstance(BackendInstance):
 
     def finalize(self) -> None:
         self.stub.stop()
-        self.inputs.close(unlink=True)
-        self.outputs.close(unlink=False)
+        self.inputs.close()
+        self.outputs.close()

@@ -1,18 +1,23 @@
 """Child process hosting one python-backend model instance (Triton's "stub").
 
-    python -m analyzer.worker.backends.python_stub FD
+    python -m analyzer.worker.backends.python_stub FD WORKER_PID
 
 FD is one end of a socketpair to the worker. Control messages (small pickled dicts) go over it;
 tensor bytes never do: inputs arrive in a shared-memory file the worker wrote, outputs leave in
-one this process writes (`ShmArena`). The GIL of this process is the model's alone.
+one this process writes (`ShmArena`). Those files have no name: their fds travel over the
+socketpair (SCM_RIGHTS) when an arena grows, so nothing is left in /dev/shm after any kill.
+The GIL of this process is the model's alone; the process dies with the worker.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import importlib.util
 import json
 import mmap
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -35,54 +40,114 @@ from analyzer.datatypes import (  # noqa: E402
     tensor_from_bytes,
 )
 
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+SHM_DIR_ENV = "MODEL_ANALYZER_SHM_DIR"
+_MIN_ARENA = 1 << 20
+
+
+class ShmSpaceError(Exception):
+    """The shared-memory folder has no room left for a batch's tensors."""
+
+
+def shm_dir() -> str | None:
+    """Where tensors live: $MODEL_ANALYZER_SHM_DIR, else /dev/shm, else None (an anonymous memfd).
+
+    /dev/shm is the default so that Docker's --shm-size caps it, as it caps Triton's python
+    backend; the env var points the worker (and its stubs, which inherit it) at another tmpfs.
+    """
+    return os.environ.get(SHM_DIR_ENV) or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+
+
+def reserve(size: int) -> int:
+    """A new nameless 0600 file of `size` bytes, every page reserved; returns its fd.
+
+    Nameless (O_TMPFILE, or memfd without a folder) so that no kill, SIGKILL included, can leave
+    a file behind or let another user open one; the peer gets the fd over the socketpair.
+    posix_fallocate makes a full tmpfs an error here instead of a SIGBUS at the first write.
+    """
+    directory = shm_dir()
+    where = directory or "memfd"
+    try:
+        fd = _nameless_file(directory)
+    except OSError as err:
+        raise ShmSpaceError(
+            f"cannot create a shared-memory file in {where}: {err.strerror or err}"
+        ) from None
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        os.close(fd)
+        raise ShmSpaceError(
+            f"cannot reserve {size / (1 << 20):.1f} MiB of shared memory in {where} "
+            f"({err.strerror or err}); free space there or enlarge it (docker run --shm-size)"
+        ) from None
+    return fd
+
+
+def _nameless_file(directory: str | None) -> int:
+    if directory is None:
+        return os.memfd_create("model-analyzer", os.MFD_CLOEXEC)
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+    # a file system without O_TMPFILE: the name lives only between these two calls
+    path = os.path.join(directory, f"model-analyzer-{uuid.uuid4().hex}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    os.unlink(path)
+    return fd
 
 
 class ShmArena:
-    """A growable shared-memory file; one writer, read by the other process by name."""
+    """A growable shared mapping: one side reserves and writes it, the other maps the fd sent."""
 
     def __init__(self) -> None:
-        self.path: str | None = None
         self.size = 0
         self.map: mmap.mmap | None = None
 
-    def grow(self, size: int) -> None:
-        self.close(unlink=self.path is not None)
-        directory = SHM_DIR or os.environ.get("TMPDIR", "/tmp")
-        self.path = os.path.join(directory, f"model-analyzer-{uuid.uuid4().hex}")
-        with open(self.path, "w+b") as f:
-            f.truncate(size)
-            self.map = mmap.mmap(f.fileno(), size)
-        self.size = size
+    def ensure(self, size: int) -> int | None:
+        """Grow to hold `size` bytes; returns the new file's fd for the peer (caller closes it)."""
+        if size <= self.size:
+            return None
+        new_size = max(size, self.size * 2, _MIN_ARENA)
+        fd = reserve(new_size)
+        try:
+            mapping = mmap.mmap(fd, new_size)
+        except OSError:
+            os.close(fd)
+            raise
+        self.close()
+        self.map, self.size = mapping, new_size
+        return fd
 
-    def attach(self, path: str, size: int) -> None:
-        if self.map is not None and path == self.path and size == self.size:
-            return
-        self.close(unlink=False)
-        with open(path, "r+b") as f:
-            self.map = mmap.mmap(f.fileno(), size)
-        self.path, self.size = path, size
+    def adopt(self, fd: int, size: int) -> None:
+        """Map the peer's new file; the fd is closed here (the mapping keeps the file)."""
+        try:
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.close()
+        self.map, self.size = mapping, size
 
-    def ensure(self, size: int) -> None:
-        if size > self.size:
-            self.grow(max(size, self.size * 2, 1 << 20))
-
-    def close(self, unlink: bool) -> None:
+    def close(self) -> None:
         if self.map is not None:
             try:
                 self.map.close()
             except BufferError:  # a view is still alive; the mapping goes with the process
                 pass
             self.map = None
-        if unlink and self.path:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        self.size = 0
 
 
-def write_tensors(arena: ShmArena, arrays: list[tuple[str, np.ndarray]]) -> list[tuple]:
-    """Lay tensors out back to back (64-byte aligned); return (name, wire, shape, offset, size)."""
+def write_tensors(
+    arena: ShmArena, arrays: list[tuple[str, np.ndarray]]
+) -> tuple[list[tuple], int | None]:
+    """Lay tensors out back to back (64-byte aligned).
+
+    Returns (name, wire, shape, offset, size) per tensor, and the fd of a new file if the arena
+    had to grow (to be sent to the peer, then closed).
+    """
     blobs = []
     for name, array in arrays:
         wire = numpy_to_wire(array.dtype)
@@ -93,14 +158,31 @@ def write_tensors(arena: ShmArena, arrays: list[tuple[str, np.ndarray]]) -> list
         )
         blobs.append((name, wire, tuple(array.shape), data))
     total = sum(_align(len(b[3])) for b in blobs)
-    arena.ensure(max(total, 1))
+    fd = arena.ensure(max(total, 1))
     layout, offset = [], 0
     for name, wire, shape, data in blobs:
         n = len(data)
         arena.map[offset : offset + n] = data if isinstance(data, bytes) else data.tobytes()
         layout.append((name, wire, shape, offset, n))
         offset += _align(n)
-    return layout
+    return layout, fd
+
+
+def send_fd(sock: socket.socket, fd: int | None) -> None:
+    """Pass a new arena's fd after a control message that says one follows, then close ours."""
+    if fd is None:
+        return
+    try:
+        socket.send_fds(sock, [b"F"], [fd])
+    finally:
+        os.close(fd)
+
+
+def recv_fd(sock: socket.socket) -> int:
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if len(fds) != 1:
+        raise EOFError("the peer closed the channel before sending a shared-memory file")
+    return fds[0]
 
 
 def read_tensor(arena: ShmArena, wire: str, shape, offset: int, size: int) -> np.ndarray:
@@ -127,27 +209,36 @@ def load_model_class(model_file: str):
 
 
 class Stub:
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Connection, sock: socket.socket):
         self.conn = conn
+        self.sock = sock  # the same channel, for passing arena fds
         self.model = None
-        self.inputs = ShmArena()  # written by the worker, attached here by name
-        self.outputs = ShmArena()  # written here, attached by the worker
+        self.inputs = ShmArena()  # written by the worker, mapped here from the fd it sends
+        self.outputs = ShmArena()  # written here, mapped by the worker
 
     def serve(self) -> None:
         while True:
             try:
                 message = self.conn.recv()
+                if message.get("fd"):
+                    message["fd"] = recv_fd(self.sock)
             except EOFError:
                 break
             op = message["op"]
+            fd = None
             try:
                 reply = getattr(self, f"op_{op}")(message)
+                fd = reply.pop("fd", None)
+                reply["fd"] = fd is not None
+            except ShmSpaceError as err:
+                reply = {"error": str(err), "no_space": True}
             except Exception as err:
                 reply = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
             self.conn.send(reply)
+            send_fd(self.sock, fd)
             if op == "finalize":
                 break
-        self.outputs.close(unlink=True)
+        self.outputs.close()
 
     def op_auto_complete(self, message: dict) -> dict:
         cls = load_model_class(message["model_file"])
@@ -165,9 +256,12 @@ class Stub:
         return {"ok": True, "pid": os.getpid()}
 
     def op_execute(self, message: dict) -> dict:
-        path, size = message["shm"]
-        if path:
-            self.inputs.attach(path, size)
+        if message.get("fd"):
+            self.inputs.adopt(message["fd"], message["shm_size"])
+        elif message["shm_size"] != self.inputs.size:
+            raise RuntimeError("the worker's input arena is not the one mapped here")
+        if message["outputs_size"] != self.outputs.size:  # the worker lost our last file
+            self.outputs.close()
         requests = [self._request(r) for r in message["requests"]]
         result = self.model.execute(requests)
         responses = self._responses(requests, result)
@@ -181,17 +275,13 @@ class Stub:
                 errors.append(None)
                 outputs.append([(t.name(), t.as_numpy()) for t in response.output_tensors()])
         flat = [t for out in outputs if out for t in out]
-        layout = write_tensors(self.outputs, flat)
+        layout, fd = write_tensors(self.outputs, flat)
         per_request, i = [], 0
         for out in outputs:
             n = len(out) if out else 0
             per_request.append(layout[i : i + n])
             i += n
-        return {
-            "shm": (self.outputs.path, self.outputs.size),
-            "outputs": per_request,
-            "errors": errors,
-        }
+        return {"shm_size": self.outputs.size, "outputs": per_request, "errors": errors, "fd": fd}
 
     def _request(self, spec: dict):
         inputs = [
@@ -229,13 +319,31 @@ class Stub:
         return {"ok": True}
 
 
+def die_with_worker(worker_pid: int) -> None:
+    """Be SIGKILLed when the worker dies, however it dies.
+
+    The kernel sends PR_SET_PDEATHSIG when the *thread* that forked us exits, so the worker forks
+    every stub from one thread that lives as long as the worker (python.py's spawner). The ppid
+    check covers a worker that died before prctl ran.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+    if os.getppid() != worker_pid:
+        os._exit(1)
+
+
 def main() -> None:
-    fd = int(sys.argv[1])
+    fd, worker_pid = int(sys.argv[1]), int(sys.argv[2])
+    die_with_worker(worker_pid)
+    # Ctrl-C reaches the terminal's whole process group: the worker decides when models finalize.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
-    conn = Connection(sock.detach())
+    conn = Connection(os.dup(fd))
     # Model output printed with print() must not corrupt anything: stdout goes to stderr.
     sys.stdout = sys.stderr
-    Stub(conn).serve()
+    Stub(conn, sock).serve()
 
 
 if __name__ == "__main__":
