@@ -29,6 +29,10 @@ WIRE_TO_NUMPY: dict[str, np.dtype] = {
     "BYTES": np.dtype(np.object_),
 }
 _NUMPY_TO_WIRE = {v: k for k, v in WIRE_TO_NUMPY.items()}
+# A shape from the network is checked before anything is sized from it: numpy refuses (or a
+# product overflows) well before 2**63 bytes, and no real request has more than a few dims.
+MAX_RANK = 32
+MAX_ELEMENTS = 1 << 40
 
 
 def config_to_wire(config_type: str) -> str:
@@ -58,6 +62,29 @@ def numpy_to_wire(dtype: np.dtype) -> str:
         raise ValueError(f"numpy dtype {dtype} has no Triton datatype") from None
 
 
+def shape_count(shape) -> int:
+    """Element count of a client's shape; ValueError unless it is a bounded list of dims >= 0.
+
+    Zero dims do not hide the others: numpy sizes an array from every non-zero dim.
+    """
+    if len(shape) > MAX_RANK:
+        raise ValueError(f"shape has {len(shape)} dimensions, at most {MAX_RANK} are allowed")
+    count, span = 1, 1
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0:
+            raise ValueError(f"shape {_show(shape)} must list non-negative integers")
+        d = int(d)
+        count *= d
+        span *= d or 1
+        if span > MAX_ELEMENTS:
+            raise ValueError(f"shape {_show(shape)} has more than {MAX_ELEMENTS} elements")
+    return count
+
+
+def _show(shape) -> str:
+    return repr(list(shape))[:100]
+
+
 def element_size(wire: str) -> int:
     """Bytes per element for fixed-size types; 0 for BYTES."""
     return 0 if wire == "BYTES" else WIRE_TO_NUMPY[wire].itemsize
@@ -77,8 +104,16 @@ def serialize_bytes_tensor(array: np.ndarray) -> bytes:
 
 
 def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
-    """Inverse of serialize_bytes_tensor; raises ValueError on a truncated buffer."""
+    """Inverse of serialize_bytes_tensor; raises ValueError on a truncated buffer.
+
+    `count` comes from a client's shape: each element takes at least its 4-byte length, so a
+    count the buffer cannot hold is refused before anything is sized from it.
+    """
     view = memoryview(buffer)
+    if count is not None and count * 4 > len(view):
+        raise ValueError(
+            f"{count} BYTES elements need at least {count * 4} bytes, {len(view)} given"
+        )
     items: list[bytes] = []
     offset, end = 0, len(view)
     while offset < end and (count is None or len(items) < count):
@@ -107,9 +142,7 @@ def tensor_to_bytes(array: np.ndarray, wire: str) -> bytes | memoryview:
 
 def tensor_from_bytes(buffer, wire: str, shape: tuple[int, ...]) -> np.ndarray:
     """A numpy view (no copy) of raw bytes for fixed-size types; BYTES are decoded."""
-    count = 1
-    for d in shape:
-        count *= d
+    count = shape_count(shape)
     if wire == "BYTES":
         return deserialize_bytes_tensor(buffer, count).reshape(shape)
     dtype = WIRE_TO_NUMPY[wire]

@@ -20,18 +20,20 @@ from tritonclient.grpc import service_pb2_grpc
 from analyzer import __version__
 from analyzer.datatypes import (
     numpy_to_wire,
+    shape_count,
     tensor_from_bytes,
     tensor_to_bytes,
     wire_to_numpy,
 )
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.http import server_metadata
+from analyzer.worker.http import natural_param, sequence_param, server_metadata, show_value
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
+from analyzer.worker.names import check_model_name
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
 
-_UNLIMITED = 2**31 - 1
+_MAX_METADATA_BYTES = 64 * 1024  # request metadata (headers): a key and a few short values
 # InferTensorContents field holding each datatype's values when raw contents are not used.
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
@@ -44,6 +46,24 @@ _CONTENTS_FIELD = {
 def _param_value(param: pb.InferParameter) -> Any:
     kind = param.WhichOneof("parameter_choice")
     return getattr(param, kind) if kind else None
+
+
+def _load_params(request: pb.RepositoryModelLoadRequest) -> tuple[str | None, dict]:
+    """A load's 'config' (a JSON string) and 'file:' contents (bytes), type-checked."""
+    config, files = None, {}
+    for key, param in request.parameters.items():
+        value = _param_value(param)
+        if key == "config":
+            if not isinstance(value, str):
+                raise InferError(
+                    f"load parameter 'config' must be a string_param, got {show_value(value)}"
+                )
+            config = value
+        elif key.startswith("file:"):
+            if not isinstance(value, bytes):
+                raise InferError(f"load parameter '{key}' must be a bytes_param")
+            files[key] = value
+    return config, files
 
 
 class GrpcServer:
@@ -74,16 +94,20 @@ class GrpcServer:
         return future.result(timeout=30)
 
     async def _start(self) -> int:
+        limits = self.limits
+        # The receive cap applies to the decompressed size, so a gzip bomb stops at the cap.
         self.server = grpc.aio.server(
             options=[
-                ("grpc.max_send_message_length", _UNLIMITED),
-                ("grpc.max_receive_message_length", _UNLIMITED),
+                ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
+                ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
+                ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_rpcs),
+                ("grpc.max_metadata_size", _MAX_METADATA_BYTES),
                 ("grpc.so_reuseport", 0),
             ],
-            maximum_concurrent_rpcs=None,
+            maximum_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
         )
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceService(self.manager, self.api), self.server
+            InferenceService(self.manager, self.api, self.restrictions), self.server
         )
         try:
             port = self.server.add_insecure_port(f"{self.host}:{self.port}")
@@ -104,28 +128,55 @@ class GrpcServer:
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, manager: ModelManager, api):
+    """Every RPC first checks its restricted-API category (Triton's), then the model name."""
+
+    def __init__(self, manager: ModelManager, api, restrictions: Restrictions | None = None):
         self.manager = manager
         self.api = api
+        self.restrictions = restrictions or Restrictions()
+        self._rules = self.restrictions.rules
         meta = server_metadata(__version__)
         self.metadata = pb.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
+    async def _allow(self, category: str, context) -> None:
+        """Triton answers a restricted call without its metadata key UNAVAILABLE."""
+        if category not in self._rules:  # the metadata is only read when it matters
+            return
+        metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+        message = self.restrictions.check(category, metadata)
+        if message is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+
+    @staticmethod
+    async def _name(name: str, context) -> None:
+        try:
+            check_model_name(name)
+        except InferError as err:
+            await context.abort(err.status.grpc, err.message)
+
     # -- health and metadata ------------------------------------------------------------------
     async def ServerLive(self, request, context):
+        await self._allow("health", context)
         return pb.ServerLiveResponse(live=self.api.live)
 
     async def ServerReady(self, request, context):
+        await self._allow("health", context)
         return pb.ServerReadyResponse(ready=self.api.ready)
 
     async def ModelReady(self, request, context):
+        await self._allow("health", context)  # Triton files model readiness under health
+        await self._name(request.name, context)
         return pb.ModelReadyResponse(ready=self.manager.is_ready(request.name, request.version))
 
     async def ServerMetadata(self, request, context):
+        await self._allow("metadata", context)
         return self.metadata
 
     async def ModelMetadata(self, request, context):
+        await self._allow("metadata", context)
+        await self._name(request.name, context)
         model = await self._get(request.name, request.version, context)
         meta = model.metadata(self.manager.versions(request.name))
         return pb.ModelMetadataResponse(
@@ -137,11 +188,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelConfig(self, request, context):
+        await self._allow("model-config", context)
+        await self._name(request.name, context)
         model = await self._get(request.name, request.version, context)
         return pb.ModelConfigResponse(config=model.config)
 
     async def ModelStatistics(self, request, context):
+        await self._allow("statistics", context)
         if request.name:
+            await self._name(request.name, context)
             if request.version:
                 models = [await self._get(request.name, request.version, context)]
             else:
@@ -165,21 +220,27 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- repository -----------------------------------------------------------------------------
     async def RepositoryIndex(self, request, context):
+        await self._allow("model-repository", context)
         rows = self.manager.index(request.ready)
         return pb.RepositoryIndexResponse(
             models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
         )
 
     async def RepositoryModelLoad(self, request, context):
-        params = {k: _param_value(v) for k, v in request.parameters.items()}
-        config = params.get("config")
-        files = {k: v for k, v in params.items() if k.startswith("file:")}
+        await self._allow("model-repository", context)
+        await self._name(request.model_name, context)
+        try:
+            config, files = _load_params(request)
+        except InferError as err:
+            await context.abort(err.status.grpc, err.message)
         await self._repository_job(
             lambda: self.manager.load(request.model_name, config, files or None), context
         )
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
+        await self._allow("model-repository", context)
+        await self._name(request.model_name, context)
         await self._repository_job(lambda: self.manager.unload(request.model_name), context)
         return pb.RepositoryModelUnloadResponse()
 
@@ -193,13 +254,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ------------------------------------------------------------------------------
     async def ModelInfer(self, request, context):
+        await self._allow("inference", context)
         try:
             return await self._infer(request)
         except InferError as err:
             await context.abort(err.status.grpc, err.message)
 
     async def ModelStreamInfer(self, request_iterator, context):
+        """Each request gets one response message, an error one included, in completion order."""
+        await self._allow("inference", context)
         queue: asyncio.Queue = asyncio.Queue()
+        answers: set[asyncio.Task] = set()
         pending = 0
         reading = True
 
@@ -210,21 +275,22 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if final is not None and final.bool_param:
                     response.infer_response.parameters["triton_final_response"].bool_param = True
             except InferError as err:
-                response = pb.ModelStreamInferResponse(
-                    error_message=err.message,
-                    infer_response=pb.ModelInferResponse(
-                        id=request.id, model_name=request.model_name
-                    ),
-                )
+                response = _stream_error(request, err.message)
+            except Exception as err:  # a bug must still answer, or the stream waits forever
+                response = _stream_error(request, f"internal error: {type(err).__name__}: {err}")
             await queue.put(response)
 
         async def read() -> None:
             nonlocal pending, reading
-            async for request in request_iterator:
-                pending += 1
-                asyncio.ensure_future(answer(request))
-            reading = False
-            await queue.put(None)
+            try:
+                async for request in request_iterator:
+                    pending += 1
+                    task = asyncio.ensure_future(answer(request))
+                    answers.add(task)
+                    task.add_done_callback(answers.discard)
+            finally:
+                reading = False
+                queue.put_nowait(None)
 
         reader = asyncio.ensure_future(read())
         try:
@@ -235,12 +301,21 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 pending -= 1
                 yield item
         finally:
+            # the client went away or the stream ended: queued requests are cancelled with it
             reader.cancel()
+            for task in list(answers):
+                task.cancel()
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         arrival = time.perf_counter_ns()
+        check_model_name(request.model_name)
         model = self.manager.get(request.model_name, request.model_version)
-        inputs, wire_types = _decode_inputs(request)
+        try:
+            inputs, wire_types = _decode_inputs(request)
+        except InferError:
+            raise
+        except Exception as err:  # a malformed request must not reach the client as UNKNOWN
+            raise InferError(f"malformed inference request: {err}") from None
         params = {k: _param_value(v) for k, v in request.parameters.items()}
         requested = [o.name for o in request.outputs] or None
         loop = asyncio.get_running_loop()
@@ -256,28 +331,45 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         def on_done(outputs, error) -> None:
             loop.call_soon_threadsafe(settle, outputs, error)
 
-        model.submit(
-            InferRequest(
-                model_name=request.model_name,
-                inputs=inputs,
-                wire_types=wire_types,
-                requested_outputs=requested,
-                on_done=on_done,
-                id=request.id,
-                parameters=params,
-                arrival_ns=arrival,
-                priority=int(params.get("priority", 0) or 0),
-                timeout_us=int(params.get("timeout", 0) or 0),
-                correlation_id=params.get("sequence_id", 0),
-            )
+        infer_request = InferRequest(
+            model_name=request.model_name,
+            inputs=inputs,
+            wire_types=wire_types,
+            requested_outputs=requested,
+            on_done=on_done,
+            id=request.id,
+            parameters=params,
+            arrival_ns=arrival,
+            priority=natural_param(params, "priority"),
+            timeout_us=natural_param(params, "timeout"),
+            correlation_id=sequence_param(params),
         )
+        model.submit(infer_request)
         try:
             outputs = await future
+        except asyncio.CancelledError:  # the call was cancelled or its deadline passed
+            infer_request.cancel()
+            raise
         except InferError:
             raise
         except Exception as err:
             raise InferError(str(err), Status.INTERNAL) from None
-        return _encode_outputs(model, request.id, outputs, requested)
+        try:
+            return _encode_outputs(model, request.id, outputs, requested)
+        except InferError:
+            raise
+        except Exception as err:  # the model's fault, but the client still gets an answer
+            raise InferError(
+                f"model '{model.name}' returned outputs that cannot be sent: {err}",
+                Status.INTERNAL,
+            ) from None
+
+
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(id=request.id, model_name=request.model_name),
+    )
 
 
 def _decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
@@ -294,10 +386,11 @@ def _decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
             raise InferError(f"input '{name}' is given twice")
         try:
             dtype = wire_to_numpy(wire)
+            count = shape_count(shape)
             if raw:
                 array = tensor_from_bytes(memoryview(raw[i]), wire, shape)
             else:
-                array = _from_contents(tensor, wire, dtype, shape)
+                array = _from_contents(tensor, wire, dtype, shape, count)
         except ValueError as err:
             raise InferError(f"input '{name}': {err}") from None
         inputs[name] = array
@@ -305,19 +398,21 @@ def _decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
     return inputs, wire_types
 
 
-def _from_contents(tensor, wire: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _from_contents(tensor, wire: str, dtype, shape: tuple[int, ...], count: int) -> np.ndarray:
     field = _CONTENTS_FIELD.get(wire)
     if field is None:
         raise ValueError(f"datatype {wire} must be sent in raw_input_contents")
-    values = list(getattr(tensor.contents, field))
-    count = int(np.prod(shape)) if shape else 1
-    if len(values) != count:
+    values = getattr(tensor.contents, field)
+    if len(values) != count:  # before any copy: the count is the client's claim
         raise ValueError(f"shape {list(shape)} needs {count} values, contents have {len(values)}")
     if wire == "BYTES":
         out = np.empty(count, dtype=np.object_)
-        out[:] = values
+        out[:] = list(values)
         return out.reshape(shape)
-    return np.asarray(values, dtype=dtype).reshape(shape)
+    try:
+        return np.asarray(values, dtype=dtype).reshape(shape)
+    except OverflowError as err:  # e.g. 300 in uint_contents of a UINT8 input
+        raise ValueError(f"contents do not fit {wire}: {err}") from None
 
 
 def _encode_outputs(model, request_id: str, outputs: dict, requested) -> pb.ModelInferResponse:

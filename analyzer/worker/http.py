@@ -10,19 +10,35 @@ import asyncio
 import json
 import time
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 
 from analyzer.config.model_config import model_config_to_dict
-from analyzer.datatypes import numpy_to_wire, tensor_from_bytes, tensor_to_bytes, wire_to_numpy
+from analyzer.datatypes import (
+    numpy_to_wire,
+    shape_count,
+    tensor_from_bytes,
+    tensor_to_bytes,
+    wire_to_numpy,
+)
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.http_server import HttpRequest, HttpResponse, Respond, error_response
 from analyzer.worker.manager import ModelManager
+from analyzer.worker.names import check_model_name
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_TYPE = "application/json"
+# /v2/models/<name>[/versions/<v>]/<action> -> Triton's restricted-API category
+_MODEL_ACTIONS = {
+    "infer": "inference",
+    "": "metadata",
+    "ready": "health",  # Triton files model readiness under health, not metadata
+    "config": "model-config",
+    "stats": "statistics",
+}
 
 
 def server_metadata(version: str) -> dict[str, Any]:
@@ -50,6 +66,10 @@ def _error(err: InferError) -> HttpResponse:
     return error_response(err.status.http, err.message)
 
 
+class _Refused(Exception):
+    """A restricted API called without its header: Triton answers 403."""
+
+
 class RestApi:
     """Routes one parsed HTTP request; answers through `respond` (now or from a callback)."""
 
@@ -62,6 +82,7 @@ class RestApi:
     ):
         self.manager = manager
         self.restrictions = restrictions or Restrictions()
+        self._rules = self.restrictions.rules  # per request: one dict lookup when unrestricted
         self.loop = loop
         self.metadata = _json(server_metadata(version))
         self.live = True
@@ -75,28 +96,44 @@ class RestApi:
             if len(parts) >= 3 and parts[1] == "models":
                 self._model_route(request, parts, respond)
             elif len(parts) == 1:
+                self._allow("metadata", request)
                 respond(self.metadata)
             elif parts[1] == "health" and len(parts) == 3:
+                self._allow("health", request)
                 ok = self.live if parts[2] == "live" else self.ready and parts[2] == "ready"
                 respond(HttpResponse(200 if ok else 400))
             elif parts[1] == "repository":
+                self._allow("model-repository", request)
                 self._repository_route(request, parts, respond)
             else:
                 raise InferError(f"no route for {request.method} {request.path}", Status.NOT_FOUND)
         except InferError as err:
             respond(_error(err))
+        except _Refused as err:
+            respond(error_response(403, str(err)))
+
+    def _allow(self, category: str, request: HttpRequest) -> None:
+        if category in self._rules:
+            message = self.restrictions.check(category, request.headers)
+            if message is not None:
+                raise _Refused(message)
 
     # -- /v2/models/... ---------------------------------------------------------------------
     def _model_route(self, request: HttpRequest, parts: list[str], respond: Respond) -> None:
         if parts[2] == "stats" and len(parts) == 3:
+            self._allow("statistics", request)
             respond(_json({"model_stats": [m.stats.as_dict() for m in self.manager.loaded()]}))
             return
-        name = parts[2]
         version = ""
         rest = parts[3:]
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
         action = rest[0] if rest else ""
+        category = _MODEL_ACTIONS.get(action)
+        if category is None or len(rest) > 1:
+            raise InferError(f"no route for {request.method} {request.path}", Status.NOT_FOUND)
+        self._allow(category, request)
+        name = _model_name(parts[2])
         if action == "infer" and request.method == "POST":
             self._infer(request, name, version, respond)
         elif action == "" and request.method == "GET":
@@ -120,14 +157,24 @@ class RestApi:
     def _repository_route(self, request: HttpRequest, parts: list[str], respond: Respond) -> None:
         body = _parse_json(request.body) if request.body else {}
         if parts[2:] == ["index"] and request.method == "POST":
-            respond(_json(self.manager.index(bool(body.get("ready", False)))))
+            ready = body.get("ready", False)
+            if not isinstance(ready, bool):
+                raise InferError(f"'ready' must be true or false, got {show_value(ready)}")
+            respond(_json(self.manager.index(ready)))
             return
         if len(parts) == 5 and parts[2] == "models" and request.method == "POST":
-            name, action = parts[3], parts[4]
-            params = body.get("parameters", {}) or {}
+            name, action = _model_name(parts[3]), parts[4]
+            params = _object(body.get("parameters"), "'parameters'")
             if action == "load":
                 config = params.get("config")
+                if config is not None and not isinstance(config, str):
+                    raise InferError(
+                        f"load parameter 'config' must be a JSON string, got {show_value(config)}"
+                    )
                 files = {k: v for k, v in params.items() if k.startswith("file:")}
+                for key, content in files.items():
+                    if not isinstance(content, str):
+                        raise InferError(f"load parameter '{key}' must be a base64 string")
                 job = lambda: self.manager.load(name, config, files or None)  # noqa: E731
             elif action == "unload":
                 job = lambda: self.manager.unload(name)  # noqa: E731
@@ -144,11 +191,16 @@ class RestApi:
         arrival = time.perf_counter_ns()
         header, binary = _split_body(http)
         inputs, wire_types = _decode_inputs(header, binary)
-        outputs_spec = header.get("outputs")
+        outputs_spec = _outputs(header.get("outputs"))
         requested = [o["name"] for o in outputs_spec] if outputs_spec else None
-        params = header.get("parameters") or {}
-        binary_default = bool(params.get("binary_data_output", False))
+        params = _object(header.get("parameters"), "request 'parameters'")
+        binary_default = flag_param(params, "binary_data_output")
         request_id = header.get("id", "")
+        if not isinstance(request_id, str):
+            raise InferError(f"request 'id' must be a string, got {show_value(request_id)}")
+        priority = natural_param(params, "priority")
+        timeout = natural_param(params, "timeout")
+        correlation = sequence_param(params)
         loop = self.loop
 
         def finish(outputs, error) -> None:
@@ -156,9 +208,13 @@ class RestApi:
                 status = error.status.http if isinstance(error, InferError) else 500
                 respond(error_response(status, str(error)))
                 return
-            respond(
-                _encode_outputs(model, request_id, outputs, outputs_spec, binary_default)
-            )
+            try:
+                response = _encode_outputs(model, request_id, outputs, outputs_spec, binary_default)
+            except Exception as err:  # the model's fault, but the client still gets an answer
+                response = error_response(
+                    500, f"model '{model.name}' returned outputs that cannot be sent: {err}"
+                )
+            respond(response)
 
         def on_done(outputs, error) -> None:
             loop.call_soon_threadsafe(finish, outputs, error)
@@ -172,10 +228,11 @@ class RestApi:
             id=request_id,
             parameters=params,
             arrival_ns=arrival,
-            priority=int(params.get("priority", 0) or 0),
-            timeout_us=int(params.get("timeout", 0) or 0),
-            correlation_id=params.get("sequence_id", 0),
+            priority=priority,
+            timeout_us=timeout,
+            correlation_id=correlation,
         )
+        http.on_disconnect(request.cancel)
         model.submit(request)
 
 
@@ -191,11 +248,73 @@ def _done_response(future: asyncio.Future) -> HttpResponse:
 def _parse_json(body) -> dict:
     try:
         data = json.loads(bytes(body))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an int over 4300 digits
         raise InferError(f"malformed JSON in request body: {err}") from None
+    except RecursionError:
+        raise InferError("malformed JSON in request body: nested too deeply") from None
     if not isinstance(data, dict):
         raise InferError("request body must be a JSON object")
     return data
+
+
+def _model_name(segment: str) -> str:
+    """The model name in a URL segment, percent-decoded the way clients encode it, checked."""
+    return check_model_name(unquote(segment) if "%" in segment else segment)
+
+
+def show_value(value: Any) -> str:
+    """A client's value for an error message, short enough to stay one line."""
+    if isinstance(value, str | int | float | None):
+        return json.dumps(value)[:64]
+    return {list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _object(value: Any, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InferError(f"{what} must be a JSON object, got {show_value(value)}")
+    return value
+
+
+def flag_param(params: dict, key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InferError(f"parameter '{key}' must be true or false, got {show_value(value)}")
+    return value
+
+
+def natural_param(params: dict, key: str) -> int:
+    value = params.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InferError(
+            f"parameter '{key}' must be a non-negative integer, got {show_value(value)}"
+        )
+    return value
+
+
+def sequence_param(params: dict) -> int | str:
+    value = params.get("sequence_id", 0)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InferError(
+            f"parameter 'sequence_id' must be an integer or a string, got {show_value(value)}"
+        )
+    return value
+
+
+def _outputs(spec: Any) -> list[dict] | None:
+    """'outputs': a list of objects, each with a string 'name' and optional 'parameters'."""
+    if spec is None:
+        return None
+    if not isinstance(spec, list):
+        raise InferError(f"'outputs' must be a list of objects, got {show_value(spec)}")
+    for entry in spec:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise InferError("each entry of 'outputs' must be an object with a string 'name'")
+        params = _object(entry.get("parameters"), f"parameters of output '{entry['name']}'")
+        if "binary_data" in params:
+            flag_param(params, "binary_data")
+    return spec
 
 
 def _split_body(http: HttpRequest) -> tuple[dict, memoryview]:
@@ -223,22 +342,18 @@ def _decode_inputs(header: dict, binary: memoryview) -> tuple[dict, dict]:
     if not isinstance(specs, list) or not specs:
         raise InferError("inference request has no 'inputs'")
     for spec in specs:
-        try:
-            name, wire, shape = spec["name"], spec["datatype"], tuple(int(d) for d in spec["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise InferError("each input needs 'name', 'datatype' and an integer 'shape'") from None
+        name, wire, shape, params = _input_spec(spec)
         if name in inputs:
             raise InferError(f"input '{name}' is given twice")
+        size = params.get("binary_data_size")
         try:
-            wire_to_numpy(wire)
-        except ValueError:
-            raise InferError(f"input '{name}' has unknown datatype '{wire}'") from None
-        if any(d < 0 for d in shape):
-            raise InferError(f"input '{name}' has a negative dimension in shape {list(shape)}")
-        size = (spec.get("parameters") or {}).get("binary_data_size")
-        try:
+            count = shape_count(shape)
             if size is not None:
-                size = int(size)
+                if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                    raise InferError(
+                        f"input '{name}': 'binary_data_size' must be a non-negative integer, "
+                        f"got {show_value(size)}"
+                    )
                 if offset + size > len(binary):
                     raise InferError(
                         f"unexpected end of binary data for input '{name}': needs {size} bytes, "
@@ -247,7 +362,7 @@ def _decode_inputs(header: dict, binary: memoryview) -> tuple[dict, dict]:
                 array = tensor_from_bytes(binary[offset : offset + size], wire, shape)
                 offset += size
             elif "data" in spec:
-                array = _from_json_data(spec["data"], wire, shape)
+                array = _from_json_data(spec["data"], wire, shape, count)
             else:
                 raise InferError(f"input '{name}' has neither 'data' nor binary data")
         except ValueError as err:
@@ -259,18 +374,45 @@ def _decode_inputs(header: dict, binary: memoryview) -> tuple[dict, dict]:
     return inputs, wire_types
 
 
-def _from_json_data(data, wire: str, shape: tuple[int, ...]) -> np.ndarray:
-    flat = np.asarray(data, dtype=np.object_ if wire == "BYTES" else None).ravel()
-    count = int(np.prod(shape)) if shape else 1
+def _input_spec(spec: Any) -> tuple[str, str, tuple, dict]:
+    """One entry of 'inputs', type-checked: (name, datatype, shape, parameters)."""
+    if not isinstance(spec, dict):
+        raise InferError("each entry of 'inputs' must be an object with name, datatype, shape")
+    name, wire, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
+    if not isinstance(name, str):
+        raise InferError(f"each input needs a string 'name', got {show_value(name)}")
+    if not isinstance(wire, str):
+        raise InferError(f"input '{name}' needs a string 'datatype', got {show_value(wire)}")
+    try:
+        wire_to_numpy(wire)
+    except ValueError:
+        raise InferError(f"input '{name}' has unknown datatype {show_value(wire)}") from None
+    if not isinstance(shape, list):
+        raise InferError(f"input '{name}' needs a 'shape' list, got {show_value(shape)}")
+    params = _object(spec.get("parameters"), f"parameters of input '{name}'")
+    return name, wire, tuple(shape), params
+
+
+def _from_json_data(data, wire: str, shape: tuple[int, ...], count: int) -> np.ndarray:
+    """JSON 'data' as an array; only strings for BYTES and only numbers otherwise."""
+    try:
+        flat = np.asarray(data, dtype=np.object_ if wire == "BYTES" else None).ravel()
+    except (ValueError, TypeError, OverflowError) as err:
+        raise ValueError(f"'data' is not a (nested) list of values: {err}") from None
     if flat.size != count:
         raise ValueError(f"shape {list(shape)} needs {count} values, 'data' has {flat.size}")
     if wire == "BYTES":
+        # bytes(n) of a number would allocate n bytes: elements must be strings
+        if not all(isinstance(v, str) for v in flat):
+            raise ValueError("'data' of a BYTES input must hold strings")
         out = np.empty(count, dtype=np.object_)
-        out[:] = [v.encode() if isinstance(v, str) else bytes(v) for v in flat]
+        out[:] = [v.encode() for v in flat]
         return out.reshape(shape)
+    if flat.dtype.kind not in "biuf":
+        raise ValueError(f"'data' of a {wire} input must hold numbers in range")
     try:
         return flat.astype(wire_to_numpy(wire)).reshape(shape)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise ValueError(f"'data' does not convert to {wire}: {err}") from None
 
 
@@ -286,6 +428,8 @@ def _encode_outputs(model, request_id, outputs: dict, spec, binary_default: bool
         array = outputs[name]
         wire = numpy_to_wire(array.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": wire, "shape": list(array.shape)}
+        if wire == "BF16":  # JSON has no bfloat16; its values are exact as float32
+            array = array.astype(np.float32)
         if params.get("binary_data", binary_default):
             blob = tensor_to_bytes(array, wire)
             entry["parameters"] = {"binary_data_size": len(blob)}

@@ -60,7 +60,13 @@ class RequestValidator:
                 )
             if reshape is not None:
                 lead = array.shape[:1] if self.max_batch > 0 else ()
-                request.inputs[name] = array.reshape(lead + reshape)
+                try:
+                    request.inputs[name] = array.reshape(lead + reshape)
+                except ValueError:  # variable dims whose sizes do not fit the reshape
+                    raise InferError(
+                        f"input '{name}' for model '{model}' of shape {_fmt(array.shape)} "
+                        f"cannot be reshaped to {_fmt(lead + reshape)}"
+                    ) from None
         for name in self.required:
             if name not in request.inputs:
                 raise InferError(f"expected input '{name}' for model '{model}' was not provided")
