@@ -1,14 +1,31 @@
 """Prometheus text on the metrics port, with Triton's metric names and label sets.
 
 Written by hand rather than with prometheus_client: perf_analyzer's `--collect-metrics` parser wants
-plain decimal numbers and Triton's exact names (no `_total`/`_created` suffixes).
+plain decimal numbers and Triton's exact names (no `_total`/`_created` suffixes). The endpoint runs
+on its own thread and event loop, so a scrape never waits behind inference work and a slow scrape
+(NVML can take milliseconds per GPU) never delays a response.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
 import psutil
 
+from analyzer.worker.http_server import (
+    HttpRequest,
+    HttpResponse,
+    Respond,
+    error_response,
+    start_http_server,
+)
+from analyzer.worker.limits import Limits
 from analyzer.worker.model import ModelVersion
+
+log = logging.getLogger(__name__)
 
 _MODEL_COUNTERS = (
     ("nv_inference_request_success", "counter", "Number of successful inference requests"),
@@ -57,6 +74,11 @@ def _model_values(model: ModelVersion) -> list[int]:
     ]
 
 
+def escape_label(value: str) -> str:
+    """A label value in the Prometheus text format: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def render_metrics(models: list[ModelVersion]) -> str:
     lines: list[str] = []
     values = {id(m): _model_values(m) for m in models}
@@ -64,7 +86,8 @@ def render_metrics(models: list[ModelVersion]) -> str:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for m in models:
-            lines.append(f'{name}{{model="{m.name}",version="{m.version}"}} {values[id(m)][i]}')
+            labels = f'model="{escape_label(m.name)}",version="{m.version}"'
+            lines.append(f"{name}{{{labels}}} {values[id(m)][i]}")
     lines.extend(_cpu_lines())
     lines.extend(_gpu_lines())
     return "\n".join(lines) + "\n"
@@ -100,35 +123,74 @@ _GPU_GAUGES = (
 )
 
 
+class _Nvml:
+    """NVML, initialised once per process on the first scrape; no GPU or no driver: no lines."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tried = False
+        self.pynvml = None
+        self.devices: list[tuple[str, object]] = []  # (uuid, handle)
+
+    def start(self) -> bool:
+        with self.lock:
+            if not self.tried:
+                self.tried = True
+                self._init()
+        return self.pynvml is not None
+
+    def _init(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception as err:
+            log.info("no GPU metrics: %s", err)
+            return
+        try:
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                self.devices.append((uuid.decode() if isinstance(uuid, bytes) else uuid, handle))
+        except Exception as err:
+            log.warning("no GPU metrics: NVML could not list the GPUs: %s", err)
+            self.devices = []
+            pynvml.nvmlShutdown()
+            return
+        self.pynvml = pynvml
+
+
+_nvml = _Nvml()
+
+
 def _gpu_lines() -> list[str]:
     """nv_gpu_* per GPU through NVML; nothing at all on a machine without one."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
+    if not _nvml.start():
         return []
+    nv = _nvml.pynvml
+    rows = []
+    for uuid, handle in _nvml.devices:
+        mem = _try_obj(lambda h=handle: nv.nvmlDeviceGetMemoryInfo(h))
+        util = _try(lambda h=handle: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
+        power = _try(lambda h=handle: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        limit = _try(lambda h=handle: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
+        energy = _try(lambda h=handle: nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)
+        total, used = (mem.total, mem.used) if mem is not None else (0, 0)
+        rows.append((escape_label(uuid), [util, total, used, power, limit, energy]))
+    lines = []
+    for i, (name, kind, help_text) in enumerate(_GPU_GAUGES):
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for uuid, vals in rows:
+            lines.append(f'{name}{{gpu_uuid="{uuid}"}} {vals[i]:.6f}')
+    return lines
+
+
+def _try_obj(fn):
     try:
-        rows = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-            power = _try(lambda h=handle: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0)
-            limit = _try(lambda h=handle: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
-            energy = _try(lambda h=handle: pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)
-            rows.append((uuid, [util, mem.total, mem.used, power, limit, energy]))
-        lines = []
-        for i, (name, kind, help_text) in enumerate(_GPU_GAUGES):
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            for uuid, vals in rows:
-                lines.append(f'{name}{{gpu_uuid="{uuid}"}} {vals[i]:.6f}')
-        return lines
-    finally:
-        pynvml.nvmlShutdown()
+        return fn()
+    except Exception:
+        return None
 
 
 def _try(fn) -> float:
@@ -136,3 +198,62 @@ def _try(fn) -> float:
         return float(fn())
     except Exception:
         return 0.0
+
+
+class MetricsServer:
+    """The metrics endpoint on its own thread and event loop, off the inference loop."""
+
+    def __init__(
+        self, render: Callable[[], str], host: str, port: int, limits: Limits | None = None
+    ):
+        self.render = render
+        self.host, self.port, self.limits = host, port, limits
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.server: asyncio.AbstractServer | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        """Listen and serve; returns the bound port. Raises OSError if the port is taken."""
+        started: dict = {}
+        ready = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(started, ready), name="metrics", daemon=True
+        )
+        self.thread.start()
+        ready.wait()
+        if "error" in started:
+            self.thread.join()
+            raise started["error"]
+        return started["port"]
+
+    def _run(self, started: dict, ready: threading.Event) -> None:
+        loop = self.loop = asyncio.new_event_loop()
+        try:
+            self.server = loop.run_until_complete(
+                start_http_server(self._handle, self.host, self.port, self.limits)
+            )
+        except OSError as err:
+            started["error"] = err
+            ready.set()
+            loop.close()
+            return
+        started["port"] = self.server.sockets[0].getsockname()[1]
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:  # open scrape connections go with the loop (wait_closed would wait on them)
+            self.server.close()
+            loop.close()
+
+    def _handle(self, request: HttpRequest, respond: Respond) -> None:
+        if request.path.rstrip("/") != "/metrics":
+            respond(error_response(404, "only /metrics is served here"))
+            return
+        text = self.render()
+        respond(HttpResponse(200, [text.encode()], content_type="text/plain; version=0.0.4"))
+
+    def stop(self) -> None:
+        if self.thread is None or not self.thread.is_alive() or self.loop is None:
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

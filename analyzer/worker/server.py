@@ -1,8 +1,10 @@
 """`model-analyzer serve`: the worker process — HTTP, gRPC and metrics endpoints over one manager.
 
-HTTP and metrics run on the main uvloop event loop; gRPC runs its own asyncio loop on a thread
-(grpc.aio and uvloop do not share a loop). Model instances run on their own threads/processes.
-SIGINT/SIGTERM stop accepting work, finalize every model and release the ports.
+HTTP runs on the main uvloop event loop; gRPC and metrics each run their own asyncio loop on a
+thread (grpc.aio and uvloop do not share a loop; a scrape must not wait behind inference work).
+Model instances run on their own threads/processes. SIGINT/SIGTERM stop accepting work and
+finalize every model, within `exit_timeout_s`: python model processes still busy after two thirds
+of it are killed, and at the limit the process exits whatever is left.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import sys
 import threading
@@ -21,11 +24,11 @@ from analyzer import __version__
 from analyzer.repository.repository import RepositoryError
 from analyzer.worker import restrict
 from analyzer.worker.http import RestApi
-from analyzer.worker.http_server import HttpRequest, HttpResponse, Respond, start_http_server
+from analyzer.worker.http_server import start_http_server
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.memory import tune_malloc
-from analyzer.worker.metrics import render_metrics
+from analyzer.worker.metrics import MetricsServer, render_metrics
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class ServeOptions:
     allow_model_file_uploads: bool = False
     http_restricted_api: list[str] = field(default_factory=list)  # '<api,...>:<header>=<value>'
     grpc_restricted_protocol: list[str] = field(default_factory=list)
+    exit_timeout_s: float = 15.0  # Triton's --exit-timeout-secs: SIGTERM to exit, at most
 
 
 class StartupError(RuntimeError):
@@ -65,6 +69,7 @@ class Worker:
             max_instance_count=options.limits.max_instance_count,
         )
         self.servers: list[asyncio.AbstractServer] = []
+        self.metrics: MetricsServer | None = None
         self.grpc = None
         self.api: RestApi | None = None
         self.ports: dict[str, int] = {}
@@ -92,7 +97,11 @@ class Worker:
             if opts.allow_http:
                 await self._listen("http", self.api, opts.http_port)
             if opts.allow_metrics:
-                await self._listen("metrics", self._metrics, opts.metrics_port)
+                self.metrics = MetricsServer(
+                    lambda: render_metrics(self.manager.loaded()),
+                    opts.host, opts.metrics_port, opts.limits,
+                )  # fmt: skip
+                self.ports["metrics"] = await loop.run_in_executor(None, self.metrics.start)
             if opts.allow_grpc:
                 from analyzer.worker.grpc import GrpcServer
 
@@ -111,13 +120,6 @@ class Worker:
         self.servers.append(server)
         self.ports[name] = server.sockets[0].getsockname()[1]
 
-    def _metrics(self, request: HttpRequest, respond: Respond) -> None:
-        if request.path.rstrip("/") != "/metrics":
-            respond(HttpResponse(404, [b'{"error":"only /metrics is served here"}']))
-            return
-        text = render_metrics(self.manager.loaded())
-        respond(HttpResponse(200, [text.encode()], content_type="text/plain; version=0.0.4"))
-
     def ready_line(self) -> str:
         models = ", ".join(
             f"{m.name}:{m.version}" for m in sorted(self.manager.loaded(), key=lambda m: m.name)
@@ -130,6 +132,8 @@ class Worker:
             self.api.ready = False
         for server in self.servers:
             server.close()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.grpc is not None:
             self.grpc.stop()
         loop = asyncio.get_running_loop()
@@ -185,11 +189,65 @@ async def _serve(options: ServeOptions) -> int:
     print(worker.ready_line(), flush=True)
     await stop.wait()
     print("model-analyzer serve: shutting down", flush=True)
+    _deadline.arm(options.exit_timeout_s)
     await worker.stop()
     return 0
+
+
+class _ShutdownDeadline:
+    """Bounds shutdown even when a model hangs: a watchdog thread, since the loop may be stuck.
+
+    A hung python `execute` holds its runner, and unload waits on runners; killing the stubs
+    ends those calls with an error, so the runners answer their requests and unload goes on.
+    """
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def arm(self, limit: float) -> None:
+        threading.Thread(
+            target=self._run, args=(limit,), name="shutdown-deadline", daemon=True
+        ).start()
+
+    def disarm(self) -> None:
+        self.done.set()
+
+    def _run(self, limit: float) -> None:
+        grace = limit * 2 / 3
+        if self.done.wait(grace):
+            return
+        killed = _kill_stubs()
+        if killed:
+            print(
+                f"model-analyzer serve: {killed} python model process(es) still busy after "
+                f"{grace:.0f} s of shutdown were killed",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self.done.wait(limit - grace):
+            return
+        _kill_stubs()
+        print(
+            f"model-analyzer serve: shutdown took longer than {limit:.0f} s; exiting now",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+
+def _kill_stubs() -> int:
+    # only a worker that loaded a python model has imported the backend (and has stubs)
+    python = sys.modules.get("analyzer.worker.backends.python")
+    return python.kill_all_stubs() if python is not None else 0
+
+
+_deadline = _ShutdownDeadline()
 
 
 def serve(options: ServeOptions) -> int:
     """Run the worker until SIGINT/SIGTERM; returns the process exit code."""
     tune_malloc()
-    return uvloop.run(_serve(options))
+    try:
+        return uvloop.run(_serve(options))
+    finally:
+        _deadline.disarm()
