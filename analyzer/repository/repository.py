@@ -21,6 +21,9 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "python": ("", "model.py"),
 }
 _PLATFORM_TO_BACKEND = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
+# parameters whose value is a path a backend may read (python backend's conda-pack environment)
+PATH_PARAMETERS = ("EXECUTION_ENV_PATH",)
+MODEL_DIR_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
 
 
 class RepositoryError(ValueError):
@@ -36,13 +39,50 @@ class ModelSource:
     config: ModelConfig
     backend: str
     versions: list[int] = field(default_factory=list)
+    # the config came from the network (a load's override): its paths must stay in `path`
+    overridden: bool = False
 
     def version_path(self, version: int) -> Path:
         return self.path / str(version)
 
     def model_file(self, version: int) -> Path:
         default = BACKENDS[self.backend][1]
-        return self.version_path(version) / (self.config.default_model_filename or default)
+        filename = self.config.default_model_filename or default
+        path = self.version_path(version) / filename
+        if self.overridden:  # what was checked is what the backend opens
+            return inside(self.path, path, "default_model_filename", filename)
+        return path
+
+
+def inside(folder: Path, path: Path, field_name: str, value: str) -> Path:
+    """`path` with symlinks resolved, or RepositoryError when it leaves `folder`."""
+    if "\0" not in value:
+        resolved = path.resolve()
+        if resolved.is_relative_to(folder.resolve()):
+            return resolved
+    shown = value.encode("unicode_escape").decode("ascii")
+    raise RepositoryError(
+        f"config override field '{field_name}' is '{shown}', which is outside the model's folder"
+    )
+
+
+def check_override_paths(config: ModelConfig, model_path: Path, versions: list[int]) -> None:
+    """Paths in a config from the network must name files inside the model's own folder.
+
+    A load request may not point a backend at, say, a python file elsewhere on the machine.
+    """
+    for version in versions:
+        folder = model_path / str(version)
+        if config.default_model_filename:
+            name = config.default_model_filename
+            inside(model_path, folder / name, "default_model_filename", name)
+        for key, name in config.cc_model_filenames.items():
+            inside(model_path, folder / name, f"cc_model_filenames[{key}]", name)
+    for key in PATH_PARAMETERS:
+        if key in config.parameters:
+            value = config.parameters[key].string_value
+            path = Path(value.replace(MODEL_DIR_VARIABLE, str(model_path)))
+            inside(model_path, model_path / path, f"parameters.{key}", value)
 
 
 def list_models(repository: str | Path) -> list[str]:
@@ -82,7 +122,13 @@ def read_model(
         )
     backend = resolve_backend(config, path, str(config_path))
     versions = select_versions(config, available_versions(path), str(config_path))
-    return ModelSource(name=name, path=path, config=config, backend=backend, versions=versions)
+    overridden = config_override is not None
+    if overridden:
+        check_override_paths(config, path, versions)
+    return ModelSource(
+        name=name, path=path, config=config, backend=backend, versions=versions,
+        overridden=overridden,
+    )
 
 
 def resolve_backend(config: ModelConfig, path: Path, source: str) -> str:

@@ -10,6 +10,10 @@ the total hits a preferred size. Launch at once if the batch reached the largest
 cannot grow, or the queue delay is 0; otherwise wait until the oldest request has aged past
 max_queue_delay_microseconds and send what is pending (the largest preferred size found, if any).
 Without a dynamic_batching block every request executes alone.
+
+Requests that leave the queue without running (expired, cancelled by their client, left over at
+close) are failed through `deliver`, the model's one delivery path, outside the queue lock: under
+preserve_ordering a response that bypassed it would stall every later one.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from analyzer.config.model_config import ModelConfig
 from analyzer.worker.errors import InferError, Status
@@ -25,10 +30,13 @@ from analyzer.worker.stats import ModelStats
 
 _REJECT = 0  # ModelQueuePolicy.TimeoutAction.REJECT
 
+Deliver = Callable[[InferRequest, dict | None, Exception | None], None]
+
 
 class Scheduler:
-    def __init__(self, config: ModelConfig, stats: ModelStats):
+    def __init__(self, config: ModelConfig, stats: ModelStats, deliver: Deliver | None = None):
         self.stats = stats
+        self.deliver = deliver or _answer_directly
         self.dynamic = config.HasField("dynamic_batching") and config.max_batch_size > 0
         db = config.dynamic_batching
         self.max_batch = max(config.max_batch_size, 1) if self.dynamic else 1
@@ -90,20 +98,35 @@ class Scheduler:
 
     def next_batch(self) -> list[InferRequest] | None:
         """Block until a batch is due; None once the scheduler is closed."""
+        while True:
+            batch, dropped = self._next_or_dropped()
+            for request, error in dropped:  # answered outside the lock, as any other completion
+                self.stats.record_failure(request)
+                self.deliver(request, None, error)
+            if batch is None or batch:
+                return batch
+
+    def _next_or_dropped(self) -> tuple[list[InferRequest] | None, list[_Dropped]]:
+        """A due batch ([] when only dropped requests came out), or None once closed."""
+        dropped: list[_Dropped] = []
         with self._cond:
             while True:
                 if self._closed:
-                    return None
+                    return None, dropped
                 if self._size and (self.default_timeout_us or self._has_timeouts()):
-                    self._expire(time.perf_counter_ns())
+                    self._expire(time.perf_counter_ns(), dropped)
                 if not self._size:
+                    if dropped:
+                        return [], dropped
                     self._cond.wait()
                     continue
-                batch, wait_ns = self._form_batch()
+                batch, wait_ns = self._form_batch(dropped)
                 if batch:
                     if self._size:
                         self._cond.notify()  # another idle instance may take the next batch
-                    return batch
+                    return batch, dropped
+                if dropped:
+                    return [], dropped
                 self._cond.wait(wait_ns / 1e9)
 
     def _has_timeouts(self) -> bool:
@@ -113,14 +136,19 @@ class Scheduler:
         for q in self.queues:
             yield from q
 
-    def _form_batch(self) -> tuple[list[InferRequest], int]:
+    def _form_batch(self, dropped: list[_Dropped]) -> tuple[list[InferRequest], int]:
+        """Triton's rules over the live requests; cancelled ones met on the way are dropped."""
         if not self.dynamic:
-            return [self._pop(1)[0]], 0
-        total = count = preferred_count = 0
+            return self._pop(self._first_live(), dropped), 0
+        total = count = 0
+        positions = preferred_positions = 0  # queue entries taken, cancelled ones included
         can_grow = True
         signature = None
         oldest = None
         for r in self._ordered():
+            if r.cancelled:
+                positions += 1
+                continue
             if signature is None:
                 signature, oldest = r.batch_signature(), r
             elif r.batch_signature() != signature:
@@ -131,28 +159,47 @@ class Scheduler:
                 break
             total += r.batch_size
             count += 1
+            positions += 1
             if total in self.preferred:
-                preferred_count = count
+                preferred_positions = positions
+        if oldest is None:  # every queued request was cancelled
+            return self._pop(positions, dropped), 0
+        if count == 0:  # the first request alone exceeds nothing we can batch: send it alone
+            return self._pop(positions + 1, dropped), 0
         if total >= self.max_batch:
             can_grow = False
-        if count == 0:  # the first request alone exceeds nothing we can batch: send it alone
-            return self._pop(1), 0
         if total >= self.max_preferred:
-            return self._pop(preferred_count or count), 0
+            return self._pop(preferred_positions or positions, dropped), 0
         waited = time.perf_counter_ns() - oldest.queue_start_ns
         if self.delay_ns == 0 or not can_grow or waited >= self.delay_ns:
-            return self._pop(preferred_count or count), 0
+            return self._pop(preferred_positions or positions, dropped), 0
         return [], self.delay_ns - waited
 
-    def _pop(self, n: int) -> list[InferRequest]:
+    def _first_live(self) -> int:
+        """Queue entries up to and including the first request not cancelled."""
+        positions = 0
+        for r in self._ordered():
+            positions += 1
+            if not r.cancelled:
+                break
+        return positions
+
+    def _pop(self, n: int, dropped: list[_Dropped]) -> list[InferRequest]:
+        """Take n queue entries; cancelled ones go to `dropped` (Triton answers them CANCELLED)."""
         out: list[InferRequest] = []
+        taken = 0
         for q in self.queues:
-            while q and len(out) < n:
-                out.append(q.popleft())
-        self._size -= len(out)
+            while q and taken < n:
+                r = q.popleft()
+                taken += 1
+                if r.cancelled:
+                    dropped.append((r, InferError("request was cancelled", Status.UNAVAILABLE)))
+                else:
+                    out.append(r)
+        self._size -= taken
         return out
 
-    def _expire(self, now: int) -> None:
+    def _expire(self, now: int, dropped: list[_Dropped]) -> None:
         """Reject queued requests whose timeout passed (Triton's REJECT action)."""
         if not self.reject_on_timeout:
             return
@@ -161,9 +208,16 @@ class Scheduler:
             for r in q:
                 if r.timeout_us and now - r.queue_start_ns > r.timeout_us * 1000:
                     self._size -= 1
-                    self.stats.record_failure(r)
-                    r.on_done(None, InferError("request timeout expired", Status.UNAVAILABLE))
+                    dropped.append((r, InferError("request timeout expired", Status.UNAVAILABLE)))
                 else:
                     keep.append(r)
             q.clear()
             q.extend(keep)
+
+
+_Dropped = tuple[InferRequest, InferError]
+
+
+def _answer_directly(request: InferRequest, outputs, error) -> None:
+    """Without a model around the scheduler (its own tests) a request is answered at once."""
+    request.on_done(outputs, error)

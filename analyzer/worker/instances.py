@@ -9,17 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from analyzer.worker.backends.base import BackendInstance, InstanceSpec
-from analyzer.worker.batcher import Scheduler
+from analyzer.worker.batcher import Deliver, Scheduler
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest
 from analyzer.worker.stats import ModelStats
 
 log = logging.getLogger(__name__)
-
-Deliver = Callable[[InferRequest, dict | None, Exception | None], None]
 
 
 class InstanceRunner:
@@ -40,6 +37,10 @@ class InstanceRunner:
         # (start_ns, end_ns, batch_size) of recent executions, for tests and debugging.
         self.trace: list[tuple[int, int, int]] = []
         self.trace_enabled = False
+        # the batch being executed, so an unload that gives up waiting can answer it
+        self._batch_lock = threading.Lock()
+        self._batch: list[InferRequest] | None = None
+        self._abandoned: InferError | None = None
 
     def start(self) -> None:
         self.thread.start()
@@ -53,7 +54,29 @@ class InstanceRunner:
             batch = self.scheduler.next_batch()
             if batch is None:
                 return
+            with self._batch_lock:
+                abandoned = self._abandoned
+                if abandoned is None:
+                    self._batch = batch
+            if abandoned is not None:  # unload gave up on us while this batch was being formed
+                self._fail(batch, abandoned)
+                return
             self._execute(batch)
+
+    def abandon(self, error: InferError) -> None:
+        """Answer the batch in flight with `error`; whatever the instance returns later is dropped.
+
+        Called by an unload whose join timed out: the requests must not wait on a hung model.
+        """
+        with self._batch_lock:
+            self._abandoned = error
+            batch, self._batch = self._batch, None
+        self._fail(batch or [], error)
+
+    def _fail(self, batch: list[InferRequest], error: InferError) -> None:
+        for request in batch:
+            self.stats.record_failure(request)
+            self.deliver(request, None, error)
 
     def _execute(self, batch: list[InferRequest]) -> None:
         timing = BatchTiming(compute_start_ns=time.perf_counter_ns())
@@ -71,6 +94,10 @@ class InstanceRunner:
                 err = InferError(f"{type(err).__name__}: {err}", Status.INTERNAL)
             results = [err] * len(batch)
         end = time.perf_counter_ns()
+        with self._batch_lock:
+            if self._abandoned is not None:  # unload answered this batch already
+                return
+            self._batch = None
         if self.trace_enabled:
             self.trace.append((timing.compute_start_ns, end, sum(r.batch_size for r in batch)))
         ok = [r for r, res in zip(batch, results, strict=True) if not isinstance(res, Exception)]

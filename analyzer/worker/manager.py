@@ -1,14 +1,21 @@
-"""Which models are loaded: startup per model-control mode, and the repository API's load/unload."""
+"""Which models are loaded: startup per model-control mode, and the repository API's load/unload.
+
+Loads and unloads of one model name are serialized by that name's lock; different models never
+wait on each other, so a model hanging in its `initialize` blocks only itself. `_lock` guards the
+shared dicts and is held only for short updates.
+"""
 
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
+import os
 import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from analyzer.config.model_config import ConfigError, model_config_from_json
 from analyzer.repository.repository import (
@@ -20,10 +27,14 @@ from analyzer.repository.repository import (
 from analyzer.worker.backends.base import Backend
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.model import ModelVersion
+from analyzer.worker.names import check_model_name
 
 log = logging.getLogger(__name__)
 
 CONTROL_MODES = ("none", "explicit")
+UPLOAD_FLAG = "--allow-model-file-uploads=true"
+# errors whose message already says what is wrong; anything else is prefixed with its type
+_CLEAN_ERRORS = (RepositoryError, ConfigError, ValueError, InferError)
 
 
 def make_backend(name: str) -> Backend:
@@ -69,7 +80,9 @@ class ModelManager:
         self.allow_file_uploads = allow_file_uploads
         self.max_instance_count = max_instance_count
         self._lock = threading.RLock()
-        self._load_lock = threading.Lock()
+        self._name_locks: dict[str, threading.Lock] = {}
+        self._backends_lock = threading.Lock()
+        self._closing = False
         self._models: dict[str, ModelEntry] = {}
         self._backends: dict[str, Backend] = {}
 
@@ -90,18 +103,21 @@ class ModelManager:
         return errors
 
     def shutdown(self) -> None:
+        """Refuse new loads, wait for loads in progress, then unload every model."""
         with self._lock:
-            names = list(self._models)
-        for name in names:
-            self._unload(name)
+            self._closing = True
+            names = set(self._models) | set(self._name_locks)
+        for name in sorted(names):
+            self._unload(name, missing_ok=True)
 
     # -- repository API -----------------------------------------------------------------------
     def load(self, name: str, config_json: str | None = None, files: dict | None = None) -> None:
-        if self.control_mode != "explicit":
+        self._require_explicit()
+        check_model_name(name)  # also checked by the protocol layer; the folder depends on it
+        if files and not self.allow_file_uploads:
             raise InferError(
-                "explicit model load / unload is not allowed if polling is enabled or "
-                "--model-control-mode is none",
-                Status.UNAVAILABLE,
+                f"load of model '{name}' refused: 'file:' parameters are model code, which this "
+                f"worker accepts only when started with {UPLOAD_FLAG}"
             )
         try:
             self._load(name, config_json, files)
@@ -109,13 +125,17 @@ class ModelManager:
             raise InferError(f"failed to load '{name}': {err}") from None
 
     def unload(self, name: str) -> None:
+        self._require_explicit()
+        check_model_name(name)
+        self._unload(name)
+
+    def _require_explicit(self) -> None:
         if self.control_mode != "explicit":
             raise InferError(
                 "explicit model load / unload is not allowed if polling is enabled or "
                 "--model-control-mode is none",
                 Status.UNAVAILABLE,
             )
-        self._unload(name)
 
     def index(self, ready_only: bool = False) -> list[dict]:
         with self._lock:
@@ -181,33 +201,33 @@ class ModelManager:
         return self._models[name].state == "READY"
 
     # -- internals ----------------------------------------------------------------------------
+    def _name_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._name_locks.setdefault(name, threading.Lock())
+
     def _load(self, name: str, config_json: str | None, files: dict | None) -> None:
-        with self._load_lock:
-            override = (
-                model_config_from_json(config_json, f"config override for model '{name}'")
-                if config_json
-                else None
-            )
-            if files and override is None:
-                raise ConfigError("'file:' parameters need a 'config' parameter as well")
+        override = (
+            model_config_from_json(config_json, f"config override for model '{name}'")
+            if config_json
+            else None
+        )
+        if files and override is None:
+            raise ConfigError("'file:' parameters need a 'config' parameter as well")
+        if not files and not (self.repository / name).is_dir():  # no lock for unknown names
+            raise RepositoryError(f"model '{name}' is not in repository '{self.repository}'")
+        with self._name_lock(name):
+            if self._closing:
+                raise InferError(f"model '{name}' not loaded: the worker is shutting down",
+                                 Status.UNAVAILABLE)  # fmt: skip
             temp_dir = _write_files(name, files) if files else None
-            repository = Path(temp_dir) if temp_dir else self.repository
-            with self._lock:
-                entry = self._models.setdefault(name, ModelEntry(name))
-                old = dict(entry.versions) if entry.state == "READY" else {}
-                entry.state, entry.reason = "LOADING", ""
             try:
-                new = self._build(repository, name, override)
-            except Exception as err:
-                with self._lock:
-                    entry.state = "READY" if old else "UNAVAILABLE"
-                    entry.reason = "" if old else str(err)
+                new, old = self._build_entry(name, temp_dir, override)
+            except BaseException:  # the uploaded folder never outlives a failed load
                 if temp_dir:
                     shutil.rmtree(temp_dir, ignore_errors=True)
-                if isinstance(err, RepositoryError | ConfigError | ValueError | InferError):
-                    raise
-                raise ValueError(f"{type(err).__name__}: {err}") from err
+                raise
             with self._lock:
+                entry = self._models[name]
                 old_temp, entry.temp_dir = entry.temp_dir, temp_dir
                 entry.versions = new
                 entry.state, entry.reason = "READY", ""
@@ -217,10 +237,35 @@ class ModelManager:
                 shutil.rmtree(old_temp, ignore_errors=True)
             log.info("loaded model '%s' versions %s", name, sorted(new))
 
+    def _build_entry(
+        self, name: str, temp_dir: str | None, override
+    ) -> tuple[dict[int, ModelVersion], dict[int, ModelVersion]]:
+        """Build the new versions while the old ones (if any) keep serving; (new, old)."""
+        repository = Path(temp_dir) if temp_dir else self.repository
+        with self._lock:
+            entry = self._models.setdefault(name, ModelEntry(name))
+            old = dict(entry.versions) if entry.state == "READY" else {}
+            entry.state, entry.reason = "LOADING", ""
+        try:
+            return self._build(repository, name, override), old
+        except BaseException as err:
+            with self._lock:
+                entry.state = "READY" if old else "UNAVAILABLE"
+                entry.reason = "" if old else str(err)
+            if isinstance(err, _CLEAN_ERRORS) or not isinstance(err, Exception):
+                raise
+            raise ValueError(f"{type(err).__name__}: {err}") from err
+
+    def _backend(self, name: str) -> Backend:
+        with self._backends_lock:
+            backend = self._backends.get(name)
+            if backend is None:
+                backend = self._backends[name] = make_backend(name)
+            return backend
+
     def _build(self, repository: Path, name: str, override) -> dict[int, ModelVersion]:
         source = read_model(repository, name, override)
-        backend = self._backends.get(source.backend) or make_backend(source.backend)
-        self._backends[source.backend] = backend
+        backend = self._backend(source.backend)
         backend.auto_complete(source, source.versions[-1])
         built: dict[int, ModelVersion] = {}
         try:
@@ -231,9 +276,10 @@ class ModelManager:
                     config=type(source.config)(),
                     backend=source.backend,
                     versions=source.versions,
+                    overridden=source.overridden,
                 )
                 per_version.config.CopyFrom(source.config)
-                model = ModelVersion(per_version, version, backend)
+                model = ModelVersion(per_version, version, backend, self.max_instance_count)
                 model.load()
                 built[version] = model
         except BaseException:
@@ -242,41 +288,79 @@ class ModelManager:
             raise
         return built
 
-    def _unload(self, name: str) -> None:
-        with self._lock:
-            entry = self._models.get(name)
-            if entry is None or not entry.versions:
-                if entry is None:
-                    try:
-                        if name not in list_models(self.repository):
-                            raise InferError(f"failed to unload '{name}': model not found",
-                                             Status.NOT_FOUND)
-                    except RepositoryError:
-                        pass
+    def _unload(self, name: str, missing_ok: bool = False) -> None:
+        if name not in self._models and not (self.repository / name).is_dir():
+            if missing_ok:
                 return
-            versions, entry.versions = entry.versions, {}
-            entry.state = "UNLOADING"
-        for version in versions.values():
-            version.unload()
-        with self._lock:
-            entry.state, entry.reason = "UNAVAILABLE", "unloaded"
-            temp, entry.temp_dir = entry.temp_dir, None
-        if temp:
-            shutil.rmtree(temp, ignore_errors=True)
+            raise InferError(f"failed to unload '{name}': model not found", Status.NOT_FOUND)
+        with self._name_lock(name):  # waits for a load of this model in progress
+            with self._lock:
+                entry = self._models.get(name)
+                if entry is None or not entry.versions:
+                    return
+                versions, entry.versions = entry.versions, {}
+                entry.state = "UNLOADING"
+            try:
+                for version in versions.values():
+                    version.unload()
+            finally:
+                with self._lock:
+                    entry.state, entry.reason = "UNAVAILABLE", "unloaded"
+                    temp, entry.temp_dir = entry.temp_dir, None
+                if temp:
+                    shutil.rmtree(temp, ignore_errors=True)
 
 
 def _write_files(name: str, files: dict) -> str:
-    """Repository API 'file:<version>/<name>' parameters become a temporary model folder."""
+    """Repository API 'file:<path>' parameters become a private temporary model folder.
+
+    mkdtemp makes the folder 0700; it is removed again if any parameter is refused or unwritable.
+    """
     root = tempfile.mkdtemp(prefix="ma-load-")
-    model_dir = Path(root) / name
-    model_dir.mkdir()
-    for key, content in files.items():
-        rel = Path(key.removeprefix("file:"))
-        if rel.is_absolute() or ".." in rel.parts:
-            shutil.rmtree(root, ignore_errors=True)
-            raise ConfigError(f"parameter '{key}' must name a path inside the model folder")
-        data = content if isinstance(content, bytes) else base64.b64decode(content)
-        target = model_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    try:
+        model_dir = Path(root) / name
+        model_dir.mkdir()
+        for key, content in files.items():
+            target = _upload_target(model_dir, key)
+            data = _decode_upload(key, content)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            except OSError as err:
+                raise ConfigError(f"parameter '{key}' cannot be written: {err.strerror}") from None
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     return root
+
+
+def _upload_target(model_dir: Path, key: str) -> Path:
+    """The file a 'file:' key names: a relative path that stays inside the model folder."""
+    rel = key.removeprefix("file:")
+    parts = PurePosixPath(rel).parts if "\0" not in rel else ()
+    if not parts or rel.startswith("/") or ".." in parts:
+        shown = key.encode("unicode_escape").decode("ascii")
+        raise ConfigError(
+            f"parameter '{shown}' must name a relative path inside the model folder "
+            "(no leading '/', no '..')"
+        )
+    target = model_dir.joinpath(*parts)
+    if not target.resolve().is_relative_to(model_dir.resolve()):
+        raise ConfigError(f"parameter '{key}' leads outside the model folder")
+    return target
+
+
+def _decode_upload(key: str, content) -> bytes:
+    """gRPC sends raw bytes; HTTP sends base64 text."""
+    if isinstance(content, bytes):
+        return content
+    if not isinstance(content, str):
+        raise ConfigError(
+            f"parameter '{key}' must be a base64 string, got {type(content).__name__}"
+        )
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"parameter '{key}' is not valid base64") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from tritonclient.grpc import model_config_pb2
 
@@ -15,6 +16,7 @@ from analyzer.worker.backends.base import Backend, InstanceSpec
 from analyzer.worker.batcher import Scheduler
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.instances import InstanceRunner
+from analyzer.worker.limits import Limits
 from analyzer.worker.request import InferRequest
 from analyzer.worker.stats import ModelStats
 from analyzer.worker.validate import RequestValidator
@@ -22,22 +24,35 @@ from analyzer.worker.validate import RequestValidator
 log = logging.getLogger(__name__)
 KIND = model_config_pb2.ModelInstanceGroup.Kind
 _THREAD_PARAMS = ("INTRA_OP_THREAD_COUNT", "intra_op_thread_count")
+# how long an unload waits, in all, for the instances' in-flight batches before answering them
+UNLOAD_JOIN_TIMEOUT_S = 60.0
 
 
 class ModelVersion:
-    """Serves one version of one model; `submit` is called on the protocol's event loop."""
+    """Serves one version of one model; `submit` is called on the protocol's event loop.
 
-    def __init__(self, source: ModelSource, version: int, backend: Backend):
+    Every answer to an accepted request (result, model error, expiry, cancellation, queue full,
+    unload) goes through `_deliver`, so preserve_ordering sees each sequence number once.
+    """
+
+    def __init__(
+        self,
+        source: ModelSource,
+        version: int,
+        backend: Backend,
+        max_instance_count: int = Limits.max_instance_count,
+    ):
         self.source = source
         self.name = source.name
         self.version = version
         self.backend = backend
+        self.max_instance_count = max_instance_count
         self.config: ModelConfig = source.config
         self.stats = ModelStats(self.name, version)
-        self.scheduler = Scheduler(self.config, self.stats)
+        self._order = _OrderedDelivery() if self._preserve_ordering() else None
+        self.scheduler = Scheduler(self.config, self.stats, self._deliver)
         self.validator = RequestValidator(self.config)
         self.runners: list[InstanceRunner] = []
-        self._order = _OrderedDelivery() if self._preserve_ordering() else None
 
     def _preserve_ordering(self) -> bool:
         return self.config.HasField("dynamic_batching") and (
@@ -49,7 +64,7 @@ class ModelVersion:
         for field in ("sequence_batching", "ensemble_scheduling"):
             if self.config.HasField(field):  # refuse rather than serve with wrong semantics
                 raise ValueError(f"model '{self.name}': {field} is not supported by this worker")
-        specs = instance_specs(self.config, self.backend.name)
+        specs = instance_specs(self.config, self.backend.name, self.max_instance_count)
         try:
             for spec in specs:
                 instance = self.backend.create_instance(self.source, self.version, spec)
@@ -62,16 +77,15 @@ class ModelVersion:
             raise
 
     def submit(self, request: InferRequest) -> None:
+        """Queue a valid request; once queued (or refused by the queue) it is answered once."""
         self.validator.check(request)
         if self._order is not None:
             self._order.register(request)
         try:
             self.scheduler.enqueue(request)
-        except InferError:
+        except InferError as err:  # queue full or unloading: answered in its turn
             self.stats.record_failure(request)
-            if self._order is not None:
-                self._order.forget(request)
-            raise
+            self._deliver(request, None, err)
 
     def _deliver(self, request: InferRequest, outputs, error) -> None:
         if self._order is None:
@@ -80,14 +94,22 @@ class ModelVersion:
             self._order.done(request, outputs, error)
 
     def unload(self) -> None:
+        """Answer what is queued, let in-flight batches finish, then finalize the instances.
+
+        A runner still busy after the join timeout has its batch answered with an error here, so
+        no client waits on a model that is gone; its late results are discarded.
+        """
+        gone = InferError(f"model '{self.name}' was unloaded", Status.UNAVAILABLE)
         for request in self.scheduler.close():
             self.stats.record_failure(request)
-            request.on_done(
-                None, InferError(f"model '{self.name}' was unloaded", Status.UNAVAILABLE)
-            )
+            self._deliver(request, None, gone)
+        deadline = time.monotonic() + UNLOAD_JOIN_TIMEOUT_S
         for runner in self.runners:
             if runner.thread.is_alive():
-                runner.join(timeout=60)
+                runner.join(timeout=max(deadline - time.monotonic(), 0.0))
+            if runner.thread.is_alive():
+                log.warning("instance %s did not finish its batch; answering it", runner.spec.name)
+                runner.abandon(gone)
         for runner in self.runners:
             try:
                 runner.instance.finalize()
@@ -117,14 +139,20 @@ class ModelVersion:
         }
 
 
-def instance_specs(config: ModelConfig, backend: str) -> list[InstanceSpec]:
-    """Expand instance_group the way Triton does: count × GPUs for GPU groups, count for CPU."""
+def instance_specs(
+    config: ModelConfig, backend: str, max_instances: int = Limits.max_instance_count
+) -> list[InstanceSpec]:
+    """Expand instance_group the way Triton does: count × GPUs for GPU groups, count for CPU.
+
+    The total is capped before anything is created: each instance is a thread or a process.
+    """
     gpus = devices.gpu_count()
     model = config.name
     if not config.instance_group:
         group = config.instance_group.add()
         group.kind = KIND.KIND_GPU if gpus and backend != "python" else KIND.KIND_CPU
         group.count = 1
+    _check_instance_count(config, gpus, max_instances)
     placements: list[tuple[str, str, str, int]] = []  # (instance name, group, kind, device)
     for gi, group in enumerate(config.instance_group):
         if not group.name:
@@ -170,6 +198,18 @@ def instance_specs(config: ModelConfig, backend: str) -> list[InstanceSpec]:
     ]
 
 
+def _check_instance_count(config: ModelConfig, gpus: int, max_instances: int) -> None:
+    total = 0
+    for group in config.instance_group:
+        on_gpu = group.kind == KIND.KIND_GPU or (group.kind == KIND.KIND_AUTO and gpus)
+        total += max(group.count, 1) * (max(len(group.gpus) or gpus, 1) if on_gpu else 1)
+    if total > max_instances:
+        raise ValueError(
+            f"model '{config.name}' asks for {total} instances (instance_group counts x GPUs), "
+            f"more than --max-instance-count {max_instances}"
+        )
+
+
 def _thread_budget(config: ModelConfig, cpu_instances: int) -> int:
     """Split the CPUs between CPU instances unless the config sets a thread count."""
     for key in _THREAD_PARAMS:
@@ -199,17 +239,15 @@ class _OrderedDelivery:
             self._seq[id(request)] = self._next_seq
             self._next_seq += 1
 
-    def forget(self, request: InferRequest) -> None:
-        self.done(request, None, None, send=False)
-
-    def done(self, request: InferRequest, outputs, error, send: bool = True) -> None:
+    def done(self, request: InferRequest, outputs, error) -> None:
         with self._lock:
-            seq = self._seq.pop(id(request))
-            self._ready[seq] = (request, outputs, error, send)
+            seq = self._seq.pop(id(request), None)
+            if seq is None:  # answered already; a second answer would break the sequence
+                return
+            self._ready[seq] = (request, outputs, error)
             out = []
             while self._send_seq in self._ready:
                 out.append(self._ready.pop(self._send_seq))
                 self._send_seq += 1
-        for req, outs, err, do_send in out:
-            if do_send:
-                req.on_done(outs, err)
+        for req, outs, err in out:
+            req.on_done(outs, err)
