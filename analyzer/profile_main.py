@@ -2,37 +2,102 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+import traceback
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from rich.console import Console
 
 from analyzer.config.profile_config import ProfileConfigError, argument_parser, load_profile_config
+from analyzer.fsutil import FolderError
 from analyzer.launch.base import LaunchSetupError
 from analyzer.profiler import Profiler
 from analyzer.report.console import ProgressDisplay, print_summary
 from analyzer.report.exports import write_csvs, write_results
 from analyzer.report.html import render_reports
 from analyzer.repository.repository import RepositoryError
+from analyzer.search.ledger import scrub, url_secrets
 from analyzer.search.space import SearchSpaceError
 
 
+class _Scrubbed:
+    """A text stream that never lets a secret through: database drivers and Optuna may echo the
+    storage URL or its password in errors, warnings and tracebacks we do not format ourselves."""
+
+    def __init__(self, stream: TextIO, secrets: list[str]) -> None:
+        self._stream = stream
+        self._secrets = secrets
+
+    def write(self, text: str) -> int:
+        self._stream.write(scrub(text, self._secrets))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _hide(secrets: list[str]) -> Iterator[None]:
+    """stdout, stderr and the log handlers writing to them scrub `secrets` while the run lasts."""
+    if not secrets:
+        yield
+        return
+    originals = {id(sys.stdout): sys.stdout, id(sys.stderr): sys.stderr}
+    wrapped = {key: _Scrubbed(stream, secrets) for key, stream in originals.items()}
+    handlers = [h for h in _stream_handlers() if id(h.stream) in wrapped]
+    old_out, old_err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = wrapped[id(old_out)], wrapped[id(old_err)]
+    for handler in handlers:
+        handler.setStream(wrapped[id(handler.stream)])  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.setStream(originals[id(handler.stream._stream)])  # type: ignore[attr-defined]
+        sys.stdout, sys.stderr = old_out, old_err
+
+
+def _stream_handlers() -> list[logging.StreamHandler]:
+    known = logging.Logger.manager.loggerDict.values()
+    loggers = [logging.getLogger(), *(lg for lg in known if isinstance(lg, logging.Logger))]
+    return [h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler]
+
+
 def profile_command(argv: list[str]) -> int:
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
     if "-h" in argv or "--help" in argv:
         argument_parser().print_help(sys.stdout)
         return 0
+    err = Console(stderr=True, highlight=False)
     try:
         config = load_profile_config(argv)
     except ProfileConfigError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
+    with _hide(url_secrets(config.storage)):
+        try:
+            return _profile(config)
+        except Exception:  # noqa: BLE001 - shown as Python would, minus any secret
+            traceback.print_exc()
+            return 1
+
+
+def _profile(config) -> int:
+    console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
     for note in config.notes:
         console.print(f"note: {note}", markup=False)
     try:
         with ProgressDisplay(console) as display:
             outcome = Profiler(config, display).run()
-    except (ProfileConfigError, RepositoryError, SearchSpaceError, LaunchSetupError) as exc:
+    except (ProfileConfigError, FolderError, RepositoryError, SearchSpaceError,
+            LaunchSetupError) as exc:  # fmt: skip
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:

@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from analyzer.config.profile_config import (
     ProfileConfig,
     ProfileConfigError,
 )
+from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
 from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
 from analyzer.launch.docker import DockerLauncher
 from analyzer.launch.local import LocalLauncher
@@ -55,7 +55,7 @@ from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.ranking import ConfigResult, Ranker
 from analyzer.search.base import Outcome, SearchStrategy, Trial
 from analyzer.search.brute import BruteSearch, SearchLimits
-from analyzer.search.ledger import owner_id, redact, unmerged
+from analyzer.search.ledger import owner_id, redact_url, unmerged
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import load_search_space
@@ -117,26 +117,36 @@ class Profiler:
                     f"optuna_objectives has '{tag}'; known: {', '.join(METRIC_DIRECTIONS)}"
                 )
 
-    def _prepare_output(self, checkpoint: Checkpoint) -> None:
+    def _check_folders(self) -> None:
+        """The one folder a run may delete must hold nothing else of the user's or of the run:
+        refused before anything is written."""
+        c = self.config
+        repo, export = Path(c.model_repository), c.export
+        every = {"is", "contains", "inside"}
+        mine = {"is", "contains"}  # the default layout puts it inside these (./output_models)
+        refuse_overlap("output_model_repository_path", c.output_repository, {
+            "model repository": (repo, every),
+            "export path": (export, mine),
+            "results folder": (export / "results", every),
+            "reports folder": (export / "reports", every),
+            "logs folder": (export / "logs", every),
+            "checkpoint folder": (c.checkpoints, every),
+            "working directory": (Path.cwd(), mine),
+            "home folder": (Path.home(), mine),
+            "root folder": (Path("/"), mine),
+        })  # fmt: skip
+        refuse_overlap("export_path", export, {"model repository": (repo, {"is", "inside"})})
+        refuse_overlap("checkpoint_directory", c.checkpoints,
+                       {"model repository": (repo, {"is", "inside"})})  # fmt: skip
+
+    def _prepare_output(self, checkpoint: Checkpoint) -> OutputFolder:
+        """The output model repository, locked for this run (see fsutil.claim_output_folder)."""
         out = self.config.output_repository
-        repo = Path(self.config.model_repository)
-        if out == repo or repo in out.parents or out in repo.parents:
-            raise ProfileConfigError(
-                f"output_model_repository_path '{out}' must not overlap the model repository "
-                f"'{repo}'"
-            )
         resuming = checkpoint.resumed and checkpoint.meta.get("output_repository") == str(out)
-        if out.exists() and any(out.iterdir()):
-            if self.config.override_output_model_repository:
-                shutil.rmtree(out)
-            elif not resuming:
-                raise ProfileConfigError(
-                    f"output model repository '{out}' already exists; pass "
-                    "--override-output-model-repository to replace it"
-                )
-        out.mkdir(parents=True, exist_ok=True)
+        folder = claim_output_folder(out, self.config.override_output_model_repository, resuming)
         if not resuming:
             checkpoint.record_meta(output_repository=str(out), started=time.time())
+        return folder
 
     def _settings(self, spec: ModelSpec) -> tuple[MeasureSettings, PerfOptions]:
         c, flags = self.config, spec.perf_analyzer_flags
@@ -175,33 +185,38 @@ class Profiler:
             launcher = self._ensure_launcher()
             assert isinstance(launcher, DockerLauncher)
             launcher.check()  # no daemon or no image: one error before anything is written
+        self._check_folders()
         checkpoint = Checkpoint(self.config.checkpoints)
-        self._prepare_output(checkpoint)
+        output = self._prepare_output(checkpoint)
+        try:
+            self._profile_models(checkpoint, space)
+        finally:
+            self._shutdown()
+            output.release()
+        for model in self.outcome.models:
+            ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
+            model.results = ranker.rank(model.results)
+        self.outcome.wall_s = time.monotonic() - started
+        return self.outcome
+
+    def _profile_models(self, checkpoint: Checkpoint, space) -> None:
         if self.config.triton_launch_mode == "remote":  # the server's GPUs, from its metrics
             server_gpus = MetricsGpuSampler(self.config.triton_metrics_url).available()
             use_gpu = server_gpus and not self.config.cpu_only
         else:
             use_gpu = gpu_count() > 0 and not self.config.cpu_only
         self.outcome.kind = "GPU" if use_gpu else "CPU"
-        try:
-            for spec in self.config.models:
-                model = ModelOutcome(spec)
-                self.outcome.models.append(model)
-                try:
-                    source = read_model(self.config.model_repository, spec.name)
-                except RepositoryError as err:
-                    model.error = str(err)
-                    self.listener("model_failed", {"model": spec.name, "error": model.error})
-                    continue
-                self._profile_model(model, source, space, checkpoint, use_gpu)
-                self.listener("model_done", {"model": spec.name})
-        finally:
-            self._shutdown()
-        for model in self.outcome.models:
-            ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
-            model.results = ranker.rank(model.results)
-        self.outcome.wall_s = time.monotonic() - started
-        return self.outcome
+        for spec in self.config.models:
+            model = ModelOutcome(spec)
+            self.outcome.models.append(model)
+            try:
+                source = read_model(self.config.model_repository, spec.name)
+            except RepositoryError as err:
+                model.error = str(err)
+                self.listener("model_failed", {"model": spec.name, "error": model.error})
+                continue
+            self._profile_model(model, source, space, checkpoint, use_gpu)
+            self.listener("model_done", {"model": spec.name})
 
     def _limits(self, spec: ModelSpec, source: ModelSource) -> SearchLimits:
         c = self.config
@@ -366,7 +381,7 @@ class Profiler:
             fingerprint=fingerprint,
         )  # fmt: skip
         # the results file names the study; a password in the URL is not written down
-        model.study = {"storage": redact(storage), "study_name": settings.study_name}
+        model.study = {"storage": redact_url(storage), "study_name": settings.study_name}
         model.pareto = list(tags) if len(tags) > 1 else []
         directions = [
             "maximize" if METRIC_DIRECTIONS[t] else "minimize" for t in tags

@@ -9,16 +9,19 @@ need, so they can be rebuilt without a model repository or a worker.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from analyzer.fsutil import atomic_write_text
 from analyzer.report.console import top_across_models
 from analyzer.report.machine import machine_info
 from analyzer.results.measurement import Measurement
 from analyzer.results.ranking import ConfigResult, Ranker
+from analyzer.search.ledger import redact_url
 
 RESULTS_FILE = "profile_results.json"
 
@@ -143,29 +146,37 @@ def write_csvs(outcome, results_dir: Path) -> dict[str, Path]:
         "gpu": results_dir / c.filename_model_gpu,
         "server": results_dir / c.filename_server_only,
     }
-    with paths["inference"].open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([COLUMNS[t][0] for t in inference_fields])
-        for r, m, ranker in rows:
-            writer.writerow([COLUMNS[t][1](r, m, ranker) for t in inference_fields])
-    with paths["gpu"].open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([GPU_HEADERS[t] for t in gpu_fields])
-        for r, m, ranker in rows:
-            for gpu in m.gpus:
-                values = {"gpu_uuid": gpu["uuid"]} | {
-                    k: round(gpu[k], 1)
-                    for k in ("gpu_used_memory", "gpu_utilization", "gpu_power_usage")
-                }
-                writer.writerow([values[t] if t in values else COLUMNS[t][1](r, m, ranker)
-                                 for t in gpu_fields])  # fmt: skip
-    with paths["server"].open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([GPU_HEADERS[t] for t in server_fields])
-        for gpu in outcome.server_only:
-            values = {"model_name": "triton-server", **gpu}
-            writer.writerow([_or_blank(values.get(t)) for t in server_fields])
+    inference = [[COLUMNS[t][0] for t in inference_fields]]
+    inference += [[COLUMNS[t][1](r, m, ranker) for t in inference_fields] for r, m, ranker in rows]
+    gpu_rows = [[GPU_HEADERS[t] for t in gpu_fields]]
+    for r, m, ranker in rows:
+        for gpu in m.gpus:
+            values = {"gpu_uuid": gpu["uuid"]} | {
+                k: round(gpu[k], 1)
+                for k in ("gpu_used_memory", "gpu_utilization", "gpu_power_usage")
+            }
+            gpu_rows.append([values[t] if t in values else COLUMNS[t][1](r, m, ranker)
+                             for t in gpu_fields])  # fmt: skip
+    server = [[GPU_HEADERS[t] for t in server_fields]]
+    for gpu in outcome.server_only:
+        values = {"model_name": "triton-server", **gpu}
+        server.append([_or_blank(values.get(t)) for t in server_fields])
+    for key, table in (("inference", inference), ("gpu", gpu_rows), ("server", server)):
+        _write_csv(paths[key], table)
     return paths
+
+
+def _write_csv(path: Path, rows: list[list[Any]]) -> None:
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(rows)
+    atomic_write_text(path, text.getvalue())
+
+
+def _settings(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings as stored: a storage URL without its password."""
+    if values.get("storage"):
+        return {**values, "storage": redact_url(values["storage"])}
+    return values
 
 
 def results_document(outcome) -> dict[str, Any]:
@@ -193,7 +204,7 @@ def results_document(outcome) -> dict[str, Any]:
         "format": "model-analyzer profile results",
         "version": 1,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "settings": c.values,
+        "settings": _settings(c.values),
         "machine": outcome.machine or machine_info(),
         "instance_kind": outcome.kind,
         "stats": {"measured": outcome.measured, "reused": outcome.reused, "shared": outcome.shared,
@@ -208,7 +219,5 @@ def results_document(outcome) -> dict[str, Any]:
 def write_results(outcome, results_dir: Path) -> Path:
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / RESULTS_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results_document(outcome), indent=1, default=str))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(results_document(outcome), indent=1, default=str))
     return path

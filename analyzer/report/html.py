@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from analyzer.fsutil import atomic_write_bytes, atomic_write_text
 from analyzer.report import plots
 from analyzer.report.exports import RESULTS_FILE
 
@@ -131,7 +132,7 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> 
     summary_dir = out / "summaries" / model["name"]
     summary_dir.mkdir(parents=True, exist_ok=True)
     summary = summary_dir / "result_summary.html"
-    summary.write_text(env.get_template("result_summary.html.j2").render(
+    atomic_write_text(summary, env.get_template("result_summary.html.j2").render(
         css=css, model=model, created=document["created"], winner=winner,
         recommendation=recommendation(model, winner, default) if winner else "",
         ranking=rows, plots=figures, constraints=_constraint_lines(model),
@@ -170,7 +171,7 @@ def _render_detailed(env, css, model, config, winner, out: Path) -> Path:
     folder = out / "detailed" / config["name"]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "detailed_report.html"
-    path.write_text(env.get_template("detailed_report.html.j2").render(
+    atomic_write_text(path, env.get_template("detailed_report.html.j2").render(
         css=css, model=model["name"], config=config, setting=_setting(config), headline=headline,
         rows=rows, plots=figures, config_pbtxt=config["description"].get("config_pbtxt", ""),
         load_header="concurrency" if m["load"] == "concurrency" else "request rate (/s)",
@@ -192,6 +193,6 @@ def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",)) -> l
 
         for page in [p for p in written if p.name == "result_summary.html"]:
             pdf = page.with_suffix(".pdf")
-            weasyprint.HTML(filename=str(page)).write_pdf(str(pdf))
+            atomic_write_bytes(pdf, weasyprint.HTML(filename=str(page)).write_pdf())
             written.append(pdf)
     return written

@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analyzer.config.profile_config import ModelSpec, ProfileConfig
+from analyzer.config.profile_config import ModelSpec, ProfileConfig, resolve_storage
 from analyzer.profiler import ModelOutcome, ProfileOutcome
 from analyzer.report.exports import write_csvs, write_results
 from analyzer.results.measurement import Measurement
 from analyzer.results.ranking import ConfigResult, Ranker
-from analyzer.search.ledger import StudyStorageError, load_points, redact, unmerged
+from analyzer.search.ledger import StudyStorageError, load_points, redact_url, unmerged
 
 
 def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
@@ -83,10 +83,12 @@ def refresh_from_studies(
     export_path: Path, document: dict[str, Any], storage: str | None = None
 ) -> list[str]:
     """Merge the shared studies' points into the results files; returns notes for the user.
-    `storage` replaces the URL the results file names (which has no password)."""
+    `storage` (a URL or env:NAME) replaces the URL the results file names (which has no
+    password)."""
     if not any(m.get("study") for m in document["models"]):
         return []
     outcome = outcome_from_document(document)
+    storage = resolve_storage(storage, "--storage") if storage else None
     notes, added = [], 0
     for model in outcome.models:
         study = model.study
@@ -94,13 +96,13 @@ def refresh_from_studies(
             continue
         if storage:
             study = model.study = {**study, "storage": storage}
-        if ":***@" in study["storage"]:
+        if "***" in study["storage"]:
             notes.append(f"study '{study['study_name']}' is in {study['storage']}: pass --storage "
                          "with the password to merge the other processes' points")  # fmt: skip
             continue
         if not _study_reachable(study["storage"]):
-            notes.append(f"study '{study['study_name']}' is not at {study['storage']}; the report "
-                         "shows the results stored with this run")  # fmt: skip
+            notes.append(f"study '{study['study_name']}' is not at {redact_url(study['storage'])}; "
+                         "the report shows the results stored with this run")  # fmt: skip
             continue
         try:
             count = merge_points(model)
@@ -115,7 +117,7 @@ def refresh_from_studies(
         outcome.shared += added
         for model in outcome.models:
             if model.study:
-                model.study = {**model.study, "storage": redact(model.study["storage"])}
+                model.study = {**model.study, "storage": redact_url(model.study["storage"])}
         for model in outcome.models:
             ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
             model.results = ranker.rank(model.results)

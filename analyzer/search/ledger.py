@@ -18,6 +18,7 @@ not load) keeps its error and is not retried.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -25,10 +26,12 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.engine import make_url
 
 from analyzer.config.profile_config import ProfileConfigError
 from analyzer.results.measurement import Measurement
@@ -59,23 +62,64 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                                           grace_period=GRACE_S)  # fmt: skip
     except ImportError as exc:
         raise StudyStorageError(
-            f"--storage '{redact(url)}' needs a database driver that is not installed ({exc}); "
+            f"--storage '{redact_url(url)}' needs a database driver that is not installed "
+            f"({scrub(str(exc), url_secrets(url))}); "
             "for PostgreSQL: pip install psycopg2-binary"
         ) from None
     except Exception as exc:  # sqlalchemy's errors: bad URL, unreachable server, bad password
         raise StudyStorageError(
-            f"--storage '{redact(url)}' cannot be opened: {str(exc).splitlines()[0]}"
+            f"--storage '{redact_url(url)}' cannot be opened: "
+            + scrub(str(exc).splitlines()[0], url_secrets(url))
         ) from None
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        if ":" in credentials:
-            return f"{scheme}://{credentials.split(':')[0]}:***@{host}"
-    return url
+_PASSWORD_PARAM = re.compile(r"(?i)\b(password|passwd|pwd)=([^&\s;'\"]*)")
+_USERINFO = re.compile(r"^([^:/\s]+://[^:/@\s]*):([^/\s]*)@")  # to the authority's last @
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may be shown or stored: no password, neither in the user part nor as a
+    `password=` query (or libpq-style) parameter. Used for every console line, message and file."""
+    match = _USERINFO.match(url)
+    try:
+        if match and "@" in match.group(2):
+            raise ValueError("an unquoted @ in the password: SQLAlchemy would split it wrong")
+        text = make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: redact by pattern
+        text = _USERINFO.sub(r"\1:***@", url)
+    return _PASSWORD_PARAM.sub(r"\1=***", text)
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The password strings a storage URL holds (raw and decoded), longest first: they are
+    scrubbed from any text shown, such as a database driver's error that echoes them."""
+    if not url:
+        return []
+    found: set[str] = set()
+    for match in _PASSWORD_PARAM.finditer(url):
+        found.add(match.group(2))
+    match = _USERINFO.match(url)
+    if match:
+        found.add(match.group(2))
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - the patterns above found what a loose URL holds
+        parsed = None
+    if parsed is not None:
+        found.add(parsed.password or "")
+        for key, value in parsed.query.items():
+            if key.lower() in ("password", "passwd", "pwd"):
+                found.update([value] if isinstance(value, str) else value)
+    found |= {unquote(s) for s in found} | {quote(s, safe="") for s in found}
+    found.discard("***")
+    return sorted((s for s in found if s), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret replaced by ***."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 def owner_id() -> str:
@@ -310,6 +354,6 @@ def load_points(url: str, study_name: str) -> list[SharedPoint]:
         study = optuna.load_study(study_name=f"{study_name}:points", storage=storage)
     except KeyError:
         raise StudyStorageError(
-            f"study '{study_name}' has no points in '{redact(url)}'"
+            f"study '{study_name}' has no points in '{redact_url(url)}'"
         ) from None
     return read_points(study)
