@@ -4,14 +4,23 @@ Lifecycle: `start()` once (raises LaunchError with the worker's own words when i
 then any number of `load(name)` / `unload(name)` through the repository API, `alive()` between
 measurements, `restart()` after a crash, and `stop()` always -- also on Ctrl-C and on errors (use
 the launcher as a context manager). Local, docker and remote launchers implement the same calls.
+
+The workers that a launcher starts itself keep their repository API (load/unload) for the
+profiler: the launcher makes a random key per run and hands it to the worker in the environment
+(never argv, which `ps` shows to every user); `_repository_call` sends it as a header.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import secrets
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import IO
+
+from analyzer.worker.restrict import KEY_HEADER, REPOSITORY_KEY_ENV
 
 
 class LaunchError(RuntimeError):
@@ -30,6 +39,7 @@ class Launcher(ABC):
     pid: int | None = None  # the worker's process, when it runs on this machine
     remote = False  # True: a server we do not own (variants are loaded by config, by model name)
     log_path: Path | None = None
+    repository_key = ""  # sent as KEY_HEADER on repository calls; "" for a server we do not own
 
     def __enter__(self) -> Launcher:
         self.start()
@@ -73,9 +83,11 @@ class Launcher(ABC):
     def _repository_call(self, path: str, timeout_s: float, body: dict | None = None) -> None:
         host, _, port = self.http_url.rpartition(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        headers = {"Content-Type": "application/json"}
+        if self.repository_key:
+            headers[KEY_HEADER] = self.repository_key
         try:
-            conn.request("POST", path, body=json.dumps(body or {}).encode(),
-                         headers={"Content-Type": "application/json"})  # fmt: skip
+            conn.request("POST", path, body=json.dumps(body or {}).encode(), headers=headers)
             response = conn.getresponse()
             answer = response.read()
         except OSError as err:
@@ -88,3 +100,22 @@ class Launcher(ABC):
             except (ValueError, AttributeError):
                 message = answer.decode(errors="replace")
             raise LaunchError(message or f"HTTP {response.status} for {path}")
+
+
+def new_repository_key() -> tuple[str, dict[str, str]]:
+    """A fresh per-run key and the environment entry that hands it to the worker."""
+    key = secrets.token_urlsafe(32)
+    return key, {REPOSITORY_KEY_ENV: key}
+
+
+def open_log(path: Path) -> IO[bytes]:
+    """Append to the worker's log, created 0600: it may carry model inputs and outputs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077 and os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, 0o600)  # an older log from before this rule
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise

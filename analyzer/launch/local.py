@@ -1,9 +1,11 @@
 """Local launch: `model-analyzer serve` as a child process, in explicit model-control mode.
 
 Ports are chosen once and kept across restarts, so load-generator connections simply reconnect.
-The worker's output goes to a log file; readiness is its ready line there. The worker dies with
-the analyzer: it is stopped on exit and Ctrl-C, and the kernel sends it SIGTERM if the analyzer
-is killed outright (PR_SET_PDEATHSIG), so no orphan keeps a port or a GPU.
+The worker's output goes to a log file (0600); readiness is its ready line there. The worker dies
+with the analyzer: it is stopped on exit and Ctrl-C, and the kernel sends it SIGTERM if the
+analyzer is killed outright (PR_SET_PDEATHSIG), so no orphan keeps a port or a GPU. The worker
+leads its own process group, which holds its python-backend stubs too: stop() ends with SIGKILL
+to the whole group, so a hung model or a worker that died by a signal leaves no stub behind.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from analyzer.launch.base import Launcher, LaunchError
+from analyzer.launch.base import Launcher, LaunchError, new_repository_key, open_log
 
 _PR_SET_PDEATHSIG = 1
 
@@ -44,6 +46,7 @@ class LocalLauncher(Launcher):
         startup_timeout_s: float = 120.0,
         cpus: str = "",
         gpus: list[str] | None = None,
+        stop_timeout_s: float = 30.0,
     ) -> None:
         self.repository = repository
         self.log_path = log_path
@@ -55,6 +58,8 @@ class LocalLauncher(Launcher):
         self.http_url = f"127.0.0.1:{self.ports['http']}"
         self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
         self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+        self.stop_timeout_s = stop_timeout_s  # after SIGTERM, then SIGKILL to the group
+        self.repository_key, self._key_env = new_repository_key()
         self.process: subprocess.Popen | None = None
         self.starts = 0
 
@@ -73,9 +78,8 @@ class LocalLauncher(Launcher):
         return ["taskset", "-c", self.cpus, *cmd] if self.cpus else cmd
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log:
+        self.stop()  # a worker that died since: its group may still hold stubs
+        with open_log(self.log_path) as log:
             log.write(f"--- start {self.starts + 1}: {' '.join(self.command())}\n".encode())
             log.flush()
             offset = log.tell()
@@ -97,7 +101,7 @@ class LocalLauncher(Launcher):
                 return
             if self.process.poll() is not None:
                 words = self.last_words()
-                self.process = None
+                self.stop()
                 raise LaunchError(f"the worker exited at start:\n{words}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -108,7 +112,7 @@ class LocalLauncher(Launcher):
             time.sleep(0.05)
 
     def _env(self) -> dict[str, str]:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._key_env}
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)  # indices or UUIDs both work
         return env
@@ -128,12 +132,22 @@ class LocalLauncher(Launcher):
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL to the whole group after stop_timeout_s; leftovers killed too."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(process.pid)  # stubs of a worker that exited, hung or died by a signal
+        process.wait(10)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is empty: nothing was left behind
+        pass

@@ -1,0 +1,216 @@
+"""The local launcher keeps its worker to itself and leaves nothing behind: the repository API
+answers only the per-run key the launcher holds (given in the environment, never argv), and
+stop() ends the worker's whole process group, python stubs included, however the worker ends."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import stat
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from serving import EXAMPLES
+from tritonclient.utils import InferenceServerException
+
+from analyzer.launch.local import LocalLauncher
+from analyzer.worker.restrict import KEY_HEADER
+
+# A model with a helper process of its own (as models that run a tokenizer or a converter do),
+# whose execute() marks that it started, then never returns: a request stays in flight.
+HANGING = '''
+import subprocess
+import time
+from pathlib import Path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.helper = subprocess.Popen(["sleep", "3600"])
+
+    def execute(self, requests):
+        Path(MARKER).write_text("started")
+        time.sleep(3600)
+'''
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    made: list[LocalLauncher] = []
+
+    def make(repository: Path = EXAMPLES, stop_timeout_s: float = 30.0) -> LocalLauncher:
+        made.append(LocalLauncher(repository, tmp_path / "logs" / "worker.log",
+                                  stop_timeout_s=stop_timeout_s))  # fmt: skip
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for each in made:
+            each.stop()
+            for proc in _group(each.pid) if each.pid else []:  # what a failed assertion left
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+
+
+def _group(pgid: int) -> list[psutil.Process]:
+    """Live processes of the group (a zombie holds no port, GPU or file)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return found
+
+
+def _empty_group(pgid: int, timeout_s: float = 10.0) -> list[psutil.Process]:
+    """The group's members once it is empty, or what is left after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _group(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _stubs(pgid: int) -> list[psutil.Process]:
+    return [p for p in _group(pgid) if "analyzer.worker.backends.python_stub" in p.cmdline()]
+
+
+def _hanging_repo(tmp_path: Path) -> tuple[Path, Path]:
+    repo, marker = tmp_path / "repo", tmp_path / "execute-started"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "hang")
+    config = repo / "hang" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"add_sub"', '"hang"'))
+    (repo / "hang" / "1" / "model.py").write_text(HANGING.replace("MARKER", repr(str(marker))))
+    return repo, marker
+
+
+def _infer_in_flight(http_url: str, model: str) -> threading.Thread:
+    body = json.dumps({"inputs": [
+        {"name": n, "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}
+        for n in ("INPUT0", "INPUT1")]}).encode()  # fmt: skip
+
+    def send() -> None:
+        host, _, port = http_url.rpartition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request("POST", f"/v2/models/{model}/infer", body=body)
+            conn.getresponse().read()
+        except OSError:
+            pass  # the worker is killed under it: that is the point
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait_for(path: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_the_key_is_in_the_environment_not_argv_and_the_log_is_private(launcher):
+    worker = launcher()
+    worker.start()
+    assert len(worker.repository_key) >= 40
+    cmdline = Path(f"/proc/{worker.pid}/cmdline").read_bytes()
+    assert worker.repository_key.encode() not in cmdline
+    environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
+    assert f"MODEL_ANALYZER_REPOSITORY_KEY={worker.repository_key}".encode() in environ
+    assert stat.S_IMODE(worker.log_path.stat().st_mode) == 0o600
+    assert launcher().repository_key != worker.repository_key  # one key per run
+
+
+def test_the_repository_api_answers_only_the_launchers_key(launcher):
+    worker = launcher()
+    worker.start()
+    http_client = httpclient.InferenceServerClient(worker.http_url)
+    grpc_client = grpcclient.InferenceServerClient(worker.grpc_url)
+    for headers in (None, {KEY_HEADER: "not-the-key"}):
+        with pytest.raises(InferenceServerException) as refused:
+            http_client.load_model("add_sub", headers=headers)
+        assert refused.value.status() == "403"
+        assert KEY_HEADER in refused.value.message()
+        with pytest.raises(InferenceServerException) as refused:
+            grpc_client.load_model("add_sub", headers=headers)
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        assert KEY_HEADER in refused.value.message()
+    assert not http_client.is_model_ready("add_sub")
+    worker.load("add_sub")
+    assert http_client.is_model_ready("add_sub")
+    with pytest.raises(InferenceServerException) as refused:
+        http_client.unload_model("add_sub")
+    assert refused.value.status() == "403"
+    grpc_client.load_model("add_sub", headers={KEY_HEADER: worker.repository_key})
+    worker.unload("add_sub")
+    assert not http_client.is_model_ready("add_sub")
+    http_client.close()
+    grpc_client.close()
+
+
+def test_stop_with_a_request_hung_in_a_model_leaves_no_process(launcher, tmp_path):
+    repo, marker = _hanging_repo(tmp_path)
+    worker = launcher(repo, stop_timeout_s=5)
+    worker.start()
+    worker.load("hang")
+    pgid = worker.pid
+    assert _stubs(pgid), "the python model's stub is in the worker's group"
+    assert any(p.cmdline() == ["sleep", "3600"] for p in _group(pgid))
+    _infer_in_flight(worker.http_url, "hang")
+    _wait_for(marker)
+    worker.stop()
+    assert not _empty_group(pgid)
+    assert not worker.alive()
+
+
+def test_stop_kills_a_worker_that_never_sees_sigterm(launcher):
+    worker = launcher(stop_timeout_s=2)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:  # the worker and its stubs inherit the mask: SIGTERM stays pending for ever
+        worker.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    worker.load("add_sub")
+    process, pgid = worker.process, worker.pid
+    assert process is not None and _stubs(pgid)
+    worker.stop()
+    assert process.returncode == -signal.SIGKILL
+    assert not _empty_group(pgid)
+
+
+def test_stubs_of_a_worker_killed_outright_are_killed_on_restart_and_stop(launcher, tmp_path):
+    repo, marker = _hanging_repo(tmp_path)
+    worker = launcher(repo)
+    worker.start()
+    worker.load("hang")
+    pgid = worker.pid
+    _infer_in_flight(worker.http_url, "hang")
+    _wait_for(marker)
+    os.kill(pgid, signal.SIGKILL)  # the worker alone, as the OOM killer would
+    deadline = time.monotonic() + 30
+    while worker.alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    left = _group(pgid)  # the helper outlives worker and stub: what the group kill is for
+    assert any(p.cmdline() == ["sleep", "3600"] for p in left), left
+    worker.start()  # what the profiler does after a crash
+    assert not _empty_group(pgid)
+    new_group = worker.pid
+    assert new_group != pgid
+    worker.stop()
+    assert not _empty_group(new_group)
