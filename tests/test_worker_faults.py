@@ -164,6 +164,8 @@ def test_sigkill_of_the_worker_leaves_no_stub_and_no_shm_file(tmp_path, shm_dir)
     try:
         stubs = stubs_of(served.process)
         assert stubs
+        # in the worker's process group, so a launcher's killpg reaches them as well
+        assert {os.getpgid(p.pid) for p in stubs} == {os.getpgid(served.process.pid)}
         # serving: a few small requests done, a larger one in the middle of its execute
         for _ in range(3):
             assert infer(served.http, np.array([0.0, 1.0, 2.0])).tolist() == [0.0, 1.0, 2.0]
@@ -260,3 +262,28 @@ def test_metrics_are_served_while_the_starting_event_loop_is_blocked():
             server.stop()
 
     assert asyncio.run(blocked_scrape()) == "up 1\n"
+
+
+def test_nvml_is_initialised_once_per_process_not_per_scrape(monkeypatch):
+    import pynvml
+
+    from analyzer.worker import metrics
+
+    calls = []
+    real_init = pynvml.nvmlInit
+
+    def counted_init(*args):
+        calls.append(args)
+        return real_init(*args)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", counted_init)
+    monkeypatch.setattr(metrics, "_nvml", metrics._Nvml())
+    first = metrics.render_metrics([])
+    second = metrics.render_metrics([])
+    assert len(calls) == 1
+    # the same GPU series on both scrapes: all of them with a GPU, none without
+    assert gpu_series(first) == gpu_series(second)
+
+
+def gpu_series(text: str) -> list[str]:
+    return [line.split(" ")[0] for line in text.splitlines() if line.startswith("nv_gpu_")]
