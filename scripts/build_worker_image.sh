@@ -5,7 +5,9 @@
 #    debootstrap (from the Debian mirror, a package registry), the interpreter the project's venv
 #    runs on and the venv itself, both at their paths on this machine (a venv's paths are
 #    absolute), imported with `docker import`;
-#  - the image: the base plus this checkout's source (seconds; rebuilt whenever asked).
+#  - the image: the base plus this checkout's source and the non-root user `worker` (uid and gid
+#    1000) it runs as (seconds; rebuilt whenever asked). The folders above the interpreter and the
+#    venv (e.g. /root of a pyenv python) are made traversable to that user, nothing more.
 # Needs root (debootstrap) and a running dockerd. With registry access, docker/Dockerfile builds
 # the same worker from python:3.11-slim instead (see the README).
 set -euo pipefail
@@ -50,10 +52,18 @@ trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/src"
 cp -a analyzer templates search_spaces pyproject.toml "$context/src/"
 find "$context/src" -name __pycache__ -prune -exec rm -rf {} +
+# every folder above the interpreter and the venv, so that uid 1000 can reach them
+above=$(for dir in "$prefix" "$venv"; do
+  while [ "$dir" != / ]; do dir=$(dirname "$dir"); echo "$dir"; done
+done | sort -u | tr '\n' ' ')
 cat > "$context/Dockerfile" <<DOCKERFILE
 FROM $base
+RUN groupadd --gid 1000 worker \
+ && useradd --uid 1000 --gid 1000 --create-home --shell /usr/sbin/nologin worker \
+ && chmod o+x $above
 COPY src/ $repo/
 LABEL model-analyzer.source="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+USER 1000:1000
 CMD ["model-analyzer", "serve", "--help"]
 DOCKERFILE
 docker build --network none -q -t "$image" "$context" >/dev/null

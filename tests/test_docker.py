@@ -1,19 +1,28 @@
 """`profile --triton-launch-mode=docker`: the worker in a container of the image the set-up
-builds from local files (scripts/build_worker_image.sh), on a dockerd started with no bridge and
-no iptables rules (scripts/start_dockerd.sh)."""
+builds from local files (scripts/build_worker_image.sh), on a dockerd with no iptables rules and
+no IP forwarding (scripts/start_dockerd.sh). The worker runs as uid 1000, never root; on a
+bridge its ports are published on 127.0.0.1 only; its repository API answers only the key."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from test_profile import EXAMPLES, FAST, ROOT, SEED, profile, read_csv
+from tritonclient.utils import InferenceServerException
+
+from analyzer.launch.base import LaunchSetupError
+from analyzer.launch.docker import DockerLauncher
 
 IMAGE = "model-analyzer-worker:test"
 
@@ -116,3 +125,85 @@ def test_an_unreachable_daemon_is_one_clear_error(tmp_path):
     assert run.returncode == 2
     assert f"the Docker daemon at unix://{tmp_path / 'no.sock'} is unreachable" in run.stderr
     assert not (tmp_path / "output_models").exists()  # said before anything was written
+
+
+def _uids(pid: int) -> set[int]:
+    """Real, effective, saved and filesystem uids of a host process."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return {int(uid) for uid in line.split()[1:]}
+    raise AssertionError(f"no Uid line for {pid}")
+
+
+def _listening(port: int) -> set[str]:
+    """The host's addresses listening on `port` (gRPC's v4-mapped IPv6 socket counts as IPv4)."""
+    return {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}  # fmt: skip
+
+
+def _add_sub(grpc_url: str, http_url: str) -> None:
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    b = np.ones((1, 4), dtype=np.float32)
+    for module, url in ((grpcclient, grpc_url), (httpclient, http_url)):
+        client = module.InferenceServerClient(url)
+        inputs = [module.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        result = client.infer("add_sub", inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)  # via /dev/shm
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        client.close()
+
+
+@pytest.mark.parametrize("network", ["host", "bridge"])
+def test_the_container_worker_is_not_root_keeps_its_api_and_listens_on_loopback_only(
+    image, tmp_path, network
+):
+    launcher = DockerLauncher(image, EXAMPLES, EXAMPLES, tmp_path / "logs" / "worker.log",
+                              run_args={"network_mode": network})  # fmt: skip
+    try:
+        launcher.start()
+        info = launcher.client.api.inspect_container(launcher.container_id)
+        assert info["Config"]["User"] == "1000:1000"
+        assert info["HostConfig"]["NetworkMode"] == network
+        assert launcher.repository_key not in " ".join(info["Args"])
+        assert launcher.pid and _uids(launcher.pid) == {1000}
+        if network == "bridge":
+            published = info["NetworkSettings"]["Ports"]
+            assert {b["HostIp"] for bound in published.values() for b in bound} == {"127.0.0.1"}
+            assert len(published) == 3
+        for port in launcher.ports.values():
+            assert _listening(port) == {"127.0.0.1"}, port  # no port on any other address
+        client = httpclient.InferenceServerClient(launcher.http_url)
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("add_sub")
+        assert refused.value.status() == "403"
+        launcher.load("add_sub")
+        stubs = psutil.Process(launcher.pid).children(recursive=True)
+        assert stubs and all(_uids(p.pid) == {1000} for p in stubs)
+        _add_sub(launcher.grpc_url, launcher.http_url)
+        client.close()
+    finally:
+        launcher.stop()
+    assert not _containers()
+
+
+def test_a_repository_the_container_user_cannot_read_is_one_clear_error(image, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    os.chmod(repo, 0o700)  # root's own, as a repository under /root would be
+    launcher = DockerLauncher(image, repo, repo, tmp_path / "worker.log")
+    with pytest.raises(LaunchSetupError) as refused:
+        launcher.start()
+    assert str(refused.value).startswith(
+        f"the docker worker runs as user 1000:1000 (not root) and cannot read {repo} (mode 0700")
+    assert f"chmod -R o+rX {repo}" in str(refused.value)
+    assert '--triton-docker-args {"user": "UID:GID"}' in str(refused.value)
+    assert launcher.container_id is None and not _containers()
+    os.chmod(repo, 0o755)
+    model = repo / "add_sub" / "1" / "model.py"
+    os.chmod(model, 0o600)
+    with pytest.raises(LaunchSetupError, match=f"cannot read {model} \\(mode 0600, owner uid 0\\)"):
+        launcher.load("add_sub")  # said before the worker fails on it
+    launcher.user = "0"  # an explicit choice of root reads everything: no refusal
+    launcher._check_readable(repo / "add_sub", walk=True)

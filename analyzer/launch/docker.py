@@ -2,9 +2,16 @@
 
 The output model repository (where the variants are written, while the container runs) and the
 model repository are mounted read-only at their own paths, so a variant's path means the same
-inside and out. The worker listens on 127.0.0.1 only: with host networking (the default, and
-the only network on a daemon started with --bridge=none) it binds 127.0.0.1 itself; on a bridge
-network its ports are published on 127.0.0.1. GPUs are handed in as device requests.
+inside and out. The worker listens on 127.0.0.1 only: with host networking (the default) it binds
+127.0.0.1 itself; on a bridge network (`network_mode: bridge` in --triton-docker-args) it binds
+0.0.0.0 inside the container and its ports are published on the host's 127.0.0.1 only. GPUs are
+handed in as device requests.
+
+The worker does not run as root: as the image's USER (uid 1000 in the images this project
+builds), else as 1000:1000, unless `user` in --triton-docker-args names another. That user must
+be able to read the repositories; a file it cannot read is one clear error before the worker
+would fail on it. Its repository API answers only the profiler's per-run key (given in the
+container's environment).
 
 The container never outlives the analyzer: it is created with auto-remove, and its stdin is the
 worker's lifeline -- the launcher holds it open through an attached socket; when the analyzer
@@ -14,16 +21,25 @@ removes the container. stop() also stops and removes it at once.
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
+from analyzer.launch.base import (
+    Launcher,
+    LaunchError,
+    LaunchSetupError,
+    new_repository_key,
+    open_log,
+)
 from analyzer.launch.local import free_port
 
 LABEL = "model-analyzer.worker"
+WORKER_USER = "1000:1000"  # the `worker` user of the images built by this project
 
 
 def docker_client() -> Any:
@@ -85,6 +101,9 @@ class DockerLauncher(Launcher):
         self.shm_size = shm_size or "1g"  # the python backend moves tensors through /dev/shm
         self.labels = dict(labels or {})
         self.run_args = dict(run_args or {})
+        self.user = str(self.run_args.pop("user", "") or "")  # "" = the image's USER or WORKER_USER
+        self.network = str(self.run_args.pop("network_mode", "host"))
+        self.repository_key, self._key_env = new_repository_key()
         self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
         self.http_url = f"127.0.0.1:{self.ports['http']}"
         self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
@@ -97,8 +116,11 @@ class DockerLauncher(Launcher):
 
     # ---- the container ------------------------------------------------------------------------
     def _command(self) -> list[str]:
+        # on a bridge the container's own loopback is unreachable: bind all of the container's
+        # addresses, which only the host's 127.0.0.1 publishes
+        host = "127.0.0.1" if self.network == "host" else "0.0.0.0"
         cmd = ["model-analyzer", "serve", "--model-repository", str(self.output_repository),
-               "--host", "127.0.0.1", "--http-port", str(self.ports["http"]),
+               "--host", host, "--http-port", str(self.ports["http"]),
                "--grpc-port", str(self.ports["grpc"]), "--metrics-port",
                str(self.ports["metrics"]), "--model-control-mode", "explicit",
                "--exit-on-stdin-eof"]  # fmt: skip
@@ -112,7 +134,7 @@ class DockerLauncher(Launcher):
         binds = {str(self.output_repository): {"bind": str(self.output_repository), "mode": "ro"},
                  str(self.model_repository): {"bind": str(self.model_repository), "mode": "ro"}}
         binds.update(dict(self.mounts))
-        network = self.run_args.get("network_mode", "host")
+        network = self.network
         ports = None
         if network != "host":
             ports = {f"{port}/tcp": ("127.0.0.1", port) for port in self.ports.values()}
@@ -122,11 +144,10 @@ class DockerLauncher(Launcher):
             requests = [docker.types.DeviceRequest(
                 device_ids=wanted or None, count=None if wanted else -1,
                 capabilities=[["gpu"]])]  # fmt: skip
-        extra = {k: v for k, v in self.run_args.items() if k != "network_mode"}
         try:
             return api.create_host_config(
                 binds=binds, port_bindings=ports, network_mode=network, shm_size=self.shm_size,
-                auto_remove=True, device_requests=requests or None, **extra)  # fmt: skip
+                auto_remove=True, device_requests=requests or None, **self.run_args)  # fmt: skip
         except TypeError as exc:
             raise LaunchSetupError(f"triton_docker_args: {exc}") from None
 
@@ -137,27 +158,70 @@ class DockerLauncher(Launcher):
         if self.client is None:
             self.client = docker_client()
         try:
-            self.client.images.get(self.image)
+            image = self.client.images.get(self.image)
         except docker.errors.ImageNotFound:
             raise LaunchSetupError(
                 f"docker image '{self.image}' is not on this machine; build it with "
                 "`make docker-image` (scripts/build_worker_image.sh) or name another with "
                 "--triton-docker-image"
             ) from None
+        if not self.user:
+            own = (image.attrs.get("Config") or {}).get("User") or ""
+            self.user = own if own and not _is_root(own) else WORKER_USER
+        self._check_readable(self.output_repository, walk=False)
+        self._check_readable(self.model_repository, walk=False)
+        self._check_umask()
+
+    def load(self, name: str, timeout_s: float = 600.0) -> None:
+        """Load a variant, first making sure the container's user can read all of it."""
+        self._check_readable(self.output_repository / name, walk=True)
+        super().load(name, timeout_s)
+
+    def _check_readable(self, root: Path, walk: bool) -> None:
+        ids = _numeric_ids(self.user)
+        if ids is None or ids[0] == 0 or not root.exists():
+            return  # a user name resolves only inside the image; root reads everything
+        for path in _tree(root) if walk else [root]:
+            try:
+                info = os.stat(path)  # a symlink: what it points to is what gets read
+            except OSError:
+                continue  # dangling: the worker says which file is missing
+            need = 0o5 if stat.S_ISDIR(info.st_mode) else 0o4
+            if not _allowed(info.st_mode, info.st_uid, info.st_gid, ids, need):
+                raise LaunchSetupError(
+                    f"the docker worker runs as user {self.user} (not root) and cannot read "
+                    f"{path} (mode {stat.S_IMODE(info.st_mode):04o}, owner uid {info.st_uid}); "
+                    f"make the repository readable to it (chmod -R o+rX {root}) or pick a user "
+                    "that can read it with --triton-docker-args "
+                    + json.dumps({"user": "UID:GID"})
+                )
+
+    def _check_umask(self) -> None:
+        """Variant folders the profiler writes later must be readable to the container's user."""
+        ids = _numeric_ids(self.user)
+        mask = _umask()
+        if ids is None or ids[0] == 0 or mask is None:
+            return
+        if not _allowed(0o777 & ~mask, os.getuid(), os.getgid(), ids, 0o5):
+            raise LaunchSetupError(
+                f"the profiler's umask {mask:04o} makes the variants it writes unreadable to the "
+                f"docker worker's user {self.user}; run with umask 022 or pick your own uid with "
+                "--triton-docker-args " + json.dumps({"user": f"{os.getuid()}:{os.getgid()}"})
+            )
 
     def start(self) -> None:
         import docker
 
         self.check()
         api = self.client.api
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        open_log(self.log_path).close()  # created 0600 before the container writes to it
         labels = {LABEL: "true", f"{LABEL}.owner": f"{os.uname().nodename}:{os.getpid()}",
                   **self.labels}  # fmt: skip
         try:
             created = api.create_container(
                 self.image, command=self._command(), stdin_open=True, detach=False,
-                labels=labels, host_config=self._host_config(api),
-                ports=list(self.ports.values()),
+                labels=labels, host_config=self._host_config(api), user=self.user,
+                environment=self._key_env, ports=list(self.ports.values()),
             )  # fmt: skip
             self.container_id = created["Id"]
             # attached before start: from now on the container lives only while we do
@@ -200,7 +264,7 @@ class DockerLauncher(Launcher):
 
     def _copy_logs(self, container_id: str) -> None:
         try:
-            with self.log_path.open("ab") as log:
+            with open_log(self.log_path) as log:
                 for chunk in self.client.api.logs(container_id, stream=True, follow=True):
                     log.write(chunk)
                     log.flush()
@@ -245,6 +309,10 @@ class DockerLauncher(Launcher):
                 self.client.api.remove_container(self.container_id, force=True)
             except Exception:  # noqa: BLE001 - auto-removed already
                 pass
+            try:  # auto-remove may still be under way: stopped means gone
+                self.client.api.wait(self.container_id, timeout=10, condition="removed")
+            except Exception:  # noqa: BLE001 - gone already (404) or slow: nothing to keep
+                pass
         if self._log_thread is not None:
             self._log_thread.join(timeout=5)
             self._log_thread = None
@@ -256,3 +324,41 @@ def _host_has_gpus() -> bool:
     from analyzer.worker.devices import gpu_count
 
     return gpu_count() > 0
+
+
+def _numeric_ids(user: str) -> tuple[int, int | None] | None:
+    """(uid, gid) of 'uid[:gid]'; None for a user name (its ids live in the image)."""
+    uid, _, gid = user.partition(":")
+    if user in ("root", "0") or uid == "root":
+        return (0, 0)
+    if not uid.isdigit() or (gid and not gid.isdigit()):
+        return None
+    return int(uid), int(gid) if gid else None
+
+
+def _is_root(user: str) -> bool:
+    ids = _numeric_ids(user)
+    return ids is not None and ids[0] == 0
+
+
+def _allowed(mode: int, owner: int, group: int, ids: tuple[int, int | None], need: int) -> bool:
+    uid, gid = ids
+    shift = 6 if owner == uid else 3 if gid is not None and group == gid else 0
+    return (mode >> shift) & need == need
+
+
+def _tree(root: Path) -> list[Path]:
+    found = [root]
+    for folder, dirs, files in os.walk(root):
+        found += [Path(folder, name) for name in (*dirs, *files)]
+    return found
+
+
+def _umask() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return None
