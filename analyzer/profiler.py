@@ -125,15 +125,15 @@ class Profiler:
         every = {"is", "contains", "inside"}
         mine = {"is", "contains"}  # the default layout puts it inside these (./output_models)
         refuse_overlap("output_model_repository_path", c.output_repository, {
+            "root folder": (Path("/"), mine),
+            "home folder": (Path.home(), mine),
+            "working directory": (Path.cwd(), mine),
             "model repository": (repo, every),
             "export path": (export, mine),
             "results folder": (export / "results", every),
             "reports folder": (export / "reports", every),
             "logs folder": (export / "logs", every),
             "checkpoint folder": (c.checkpoints, every),
-            "working directory": (Path.cwd(), mine),
-            "home folder": (Path.home(), mine),
-            "root folder": (Path("/"), mine),
         })  # fmt: skip
         refuse_overlap("export_path", export, {"model repository": (repo, {"is", "inside"})})
         refuse_overlap("checkpoint_directory", c.checkpoints,

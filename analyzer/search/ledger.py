@@ -61,10 +61,11 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                                           heartbeat_interval=HEARTBEAT_S,
                                           grace_period=GRACE_S)  # fmt: skip
     except ImportError as exc:
+        cause = exc.__cause__ or exc  # optuna's own message does not name the module
         raise StudyStorageError(
             f"--storage '{redact_url(url)}' needs a database driver that is not installed "
-            f"({scrub(str(exc), url_secrets(url))}); "
-            "for PostgreSQL: pip install psycopg2-binary"
+            f"({scrub(str(cause), url_secrets(url))}); install it, or name an installed driver "
+            "in the URL (e.g. postgresql+psycopg2://)"
         ) from None
     except Exception as exc:  # sqlalchemy's errors: bad URL, unreachable server, bad password
         raise StudyStorageError(
