@@ -4,7 +4,12 @@ Written for the hot path: request bodies stay as the received bytes (tensors bec
 them), responses go out with one `writelines` of header, JSON and raw tensor blobs, TCP_NODELAY is
 on (without it Nagle + delayed ACK add ~40 ms to small responses), and a handler answers either at
 once or later through a callback, so no coroutine is created per request. Pipelined requests on one
-connection are answered in order.
+connection are answered in order, each exactly once.
+
+Everything a client controls is bounded by `Limits`: body bytes (raw and inflated), head bytes,
+the time a request may take to arrive, idle time, connections, unanswered pipelined requests and
+unread reply bytes. The checks cost a request a few integer compares; the clocks are one timer per
+connection that re-arms itself from timestamps, so nothing is scheduled per request.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 import socket
+import sys
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,6 +32,16 @@ import httptools
 from analyzer.worker.limits import Limits
 
 log = logging.getLogger(__name__)
+
+# After an error that ends a connection, what the client still sends is read and dropped this long,
+# so that it sees our answer instead of a reset that can discard it (Apache's lingering close).
+_LINGER_S = 1.0
+# descriptors the process needs besides client connections (models, stubs, logs, gRPC)
+_FD_RESERVE = 256
+# why a connection's reading is paused (bits of _Protocol.paused)
+_PENDING, _WRITES, _REFUSED = 1, 2, 4
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_now = time.monotonic
 
 
 @dataclass(slots=True)
@@ -54,18 +72,79 @@ Handler = Callable[[HttpRequest, Respond], None]
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
-class _Protocol(asyncio.Protocol):
-    __slots__ = ("handler", "transport", "parser", "url", "headers", "body", "slots", "closing")
+class _Stop(Exception):
+    """Raised from a parser callback after the request was refused: stops parsing this chunk."""
 
-    def __init__(self, handler: Handler):
+
+class _Server:
+    """What the connections of one listening socket share: the limits and who is open."""
+
+    __slots__ = ("limits", "loop", "open", "tick")
+
+    def __init__(self, limits: Limits, loop: asyncio.AbstractEventLoop):
+        self.limits = limits
+        self.loop = loop
+        self.open: set[_Protocol] = set()
+        # one timer period serves both clocks: a request that starts mid-period is still caught
+        # at its own deadline, because the timer re-arms to that deadline
+        self.tick = min(limits.header_timeout_s, limits.idle_timeout_s)
+
+    def admit(self, conn: _Protocol) -> bool:
+        """At the cap, the longest-stalled half-sent connection makes room; else no room."""
+        if len(self.open) >= self.limits.max_connections:
+            victim = self._most_stalled()
+            if victim is None:
+                return False
+            victim.drop()
+        self.open.add(conn)
+        return True
+
+    def _most_stalled(self) -> _Protocol | None:
+        best = None
+        for conn in self.open:
+            if conn.stalled() and (best is None or conn.began < best.began):
+                best = conn
+        return best
+
+
+class _Protocol(asyncio.Protocol):
+    __slots__ = (
+        "handler", "server", "limits", "transport", "parser", "url", "headers", "body", "slots",
+        "closing", "refused", "lingering", "paused", "receiving", "in_head", "count", "began",
+        "idle_since", "head_bytes", "raw_head", "body_bytes", "inflater", "inflated", "bad",
+        "timer", "waiting", "releasing",
+    )  # fmt: skip
+
+    def __init__(self, handler: Handler, server: _Server):
         self.handler = handler
+        self.server = server
+        self.limits = server.limits
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
+        # one [response, request] per request in arrival order; answered from the front
         self.slots: deque[list] = deque()
-        self.closing = False
+        # the tail of `slots` not yet handed to the handler: too many unanswered, or replies unread
+        self.waiting: deque[list] = deque()
+        self.releasing = False
+        self.closing = False  # close once every slot is answered
+        self.refused = False  # an error ends this connection: what the client sends is dropped
+        self.lingering = False
+        self.paused = 0  # _PENDING (requests waiting) | _WRITES | _REFUSED
+        self.receiving = False  # a request has begun and is not complete
+        self.in_head = False  # ... and its head is not complete
+        self.count = 0  # requests begun on this connection
+        self.began = 0.0  # when the request being received (or the connection) began
+        self.idle_since = 0.0  # 0: not known yet to be idle
+        self.head_bytes = 0  # URL and header bytes of this request, as parsed
+        self.raw_head = 0  # bytes of whole chunks that fell inside this request's head
+        self.body_bytes = 0
+        self.inflater = None  # zlib decompressobj for a Content-Encoding body
+        self.inflated = 0
+        self.bad: HttpResponse | None = None  # the answer to this request, decided early
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -76,69 +155,249 @@ class _Protocol(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        self.began = self.idle_since = _now()
+        if not self.server.admit(self):
+            cap = self.limits.max_connections
+            self._refuse(503, f"the server is at its limit of {cap} open connections "
+                              "(--http-max-connections); retry later")  # fmt: skip
+            return
+        transport.set_write_buffer_limits(high=self.limits.write_high_water_bytes)
+        self._arm(self.server.tick)
 
     def connection_lost(self, exc) -> None:
+        self.server.open.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.transport = None
+        slots, self.slots = self.slots, deque()
+        for response, request in slots:
+            if response is None and request is not None:
+                _run_disconnect_hooks(request)
+
+    def pause_writing(self) -> None:
+        self._pause(_WRITES)
+
+    def resume_writing(self) -> None:
+        self._resume(_WRITES)
+        if self.waiting:
+            self._release()
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return  # the answer is out or queued; the rest of this client's bytes go nowhere
         try:
-            self.parser.feed_data(data)
+            if self.in_head:  # the last chunk ended inside a request's head
+                count = self.count
+                self.parser.feed_data(data)
+                if self.in_head and self.count == count:
+                    self._count_raw_head(len(data))
+            else:
+                self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reply_now(HttpResponse(400, [b'{"error":"protocol upgrade is not supported"}']))
+            self._refuse(400, "protocol upgrade is not supported")
+        except httptools.HttpParserCallbackError as err:
+            if not self.refused:  # a bug of ours, not a bad request
+                log.error("HTTP parser callback failed", exc_info=err.__context__)
+                self._refuse(500, f"internal error: {err.__context__}")
         except httptools.HttpParserError as err:
-            self.closing = True
-            self._reply_now(HttpResponse(400, [_error_json(f"malformed HTTP request: {err}")]))
+            self._refuse(400, f"malformed HTTP request: {err}")
+
+    def _count_raw_head(self, n: int) -> None:
+        """httptools buffers a header until it is whole, so a head that never ends is capped
+        from the chunks that fell entirely inside it."""
+        self.raw_head += n
+        if self.raw_head > self.limits.max_header_bytes:
+            self._refuse_head()
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.url = b""
         self.headers = {}
         self.body = []
+        self.count += 1
+        self.receiving = self.in_head = True
+        self.began = _now()
+        self.idle_since = 0.0
+        self.head_bytes = self.raw_head = self.body_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self.head_bytes += len(url)
+        if self.head_bytes > self.limits.max_header_bytes:
+            self._refuse_head()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        self.head_bytes += len(name) + len(value)
+        if self.head_bytes > self.limits.max_header_bytes:
+            self._refuse_head()
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        headers = self.headers
+        length = headers.get("content-length")
+        if length is not None and int(length) > self.limits.max_input_bytes:
+            self._refuse_body(f"request body of {int(length)} bytes")
+        if "content-encoding" in headers:
+            self._start_inflating(headers["content-encoding"])
+        if "expect" in headers:
+            self._expect(headers["expect"])
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+        self.body_bytes += len(body)
+        if self.body_bytes > self.limits.max_input_bytes:
+            self._refuse_body("request body")
+        if self.inflater is not None:
+            self._inflate(body)
+        elif self.bad is None:
+            self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.receiving = False
         body: bytes = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
         if not self.parser.should_keep_alive():
             self.closing = True
+        if self.inflater is not None or self.bad is not None:
+            body = self._finish_inflating(body)
+            if self.bad is not None:
+                bad, self.bad = self.bad, None
+                slot: list = [bad, None]
+                self.slots.append(slot)
+                self._flush()
+                return
         url = self.url.decode("latin-1")
         path, _, query = url.partition("?")
-        slot: list = [None]
-        self.slots.append(slot)
-        encoding = self.headers.get("content-encoding")
-        if encoding:
-            try:
-                body = _decompress(body, encoding)
-            except ValueError as err:
-                self._fill(slot, HttpResponse(400, [_error_json(str(err))]))
-                return
         request = HttpRequest(self.parser.get_method().decode(), path, query, self.headers, body)
+        slot = [None, request]
+        self.slots.append(slot)
+        if self.paused or len(self.slots) > self.limits.max_pending_per_connection:
+            # parsing cannot stop inside a chunk, so the rest of it waits here, unhandled
+            self.waiting.append(slot)
+            self._pause(_PENDING)
+            return
+        self._dispatch(slot)
+
+    def _dispatch(self, slot: list) -> None:
+        request = slot[1]
         try:
             self.handler(request, lambda response: self._fill(slot, response))
-        except Exception as err:  # a handler bug must not kill the connection silently
-            log.exception("HTTP handler failed for %s %s", request.method, path)
+        except Exception as err:  # a handler bug must not leave the request unanswered
+            log.exception("HTTP handler failed for %s %s", request.method, request.path)
             self._fill(slot, HttpResponse(500, [_error_json(f"internal error: {err}")]))
+
+    def _release(self) -> None:
+        """Hand waiting requests to the handler while the client reads and few are unanswered."""
+        if self.releasing:
+            return  # a handler that answered at once: the loop below goes on
+        self.releasing = True
+        waiting, slots = self.waiting, self.slots
+        cap = self.limits.max_pending_per_connection
+        try:
+            while waiting and not self.paused & _WRITES and len(slots) - len(waiting) < cap:
+                self._dispatch(waiting.popleft())
+        finally:
+            self.releasing = False
+        if not waiting:
+            self._resume(_PENDING)
+
+    # -- request checks (off the hot path) --------------------------------------------------
+    def _refuse_head(self) -> None:
+        cap = self.limits.max_header_bytes
+        if len(self.url) <= cap:
+            self._refuse(431, f"request headers exceed the limit of {cap} bytes "
+                              "(--http-max-header-size)")  # fmt: skip
+        else:
+            self._refuse(414, f"request URL exceeds the limit of {cap} bytes "
+                              "(--http-max-header-size)")  # fmt: skip
+        raise _Stop
+
+    def _refuse_body(self, what: str) -> None:
+        cap = self.limits.max_input_bytes
+        self._refuse(413, f"{what} exceeds the limit of {cap} bytes (--http-max-input-size)")
+        raise _Stop
+
+    def _expect(self, value: str) -> None:
+        if value.strip().lower() != "100-continue":
+            self._refuse(417, f"unsupported Expect '{value}': only 100-continue is known")
+            raise _Stop
+        # an interim answer must not overtake the answers still owed to earlier requests; a
+        # client that gets none sends its body after its own wait
+        if not self.slots and self.parser.get_http_version() == "1.1":
+            self.transport.write(_CONTINUE)
+
+    def _start_inflating(self, encoding: str) -> None:
+        name = encoding.strip().lower()
+        if name == "gzip":
+            self.inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif name == "deflate":
+            self.inflater = zlib.decompressobj()
+        elif name != "identity":
+            self.bad = error_response(400, f"unsupported Content-Encoding '{encoding}'")
+        self.inflated = 0
+
+    def _inflate(self, data: bytes) -> None:
+        """Inflate as it arrives, asking zlib for at most one byte beyond the cap."""
+        room = self.limits.max_input_bytes - self.inflated
+        try:
+            out = self.inflater.decompress(data, room + 1)
+        except zlib.error as err:
+            self._bad_encoding(str(err))
+            return
+        self.inflated += len(out)
+        if self.inflated > self.limits.max_input_bytes:
+            self.inflater = None
+            self._refuse_body("inflated request body")
+        if out:
+            self.body.append(out)
+
+    def _finish_inflating(self, body: bytes) -> bytes:
+        inflater, self.inflater = self.inflater, None
+        if inflater is not None and not inflater.eof:
+            self._bad_encoding("incomplete or truncated stream")
+        return body
+
+    def _bad_encoding(self, why: str) -> None:
+        encoding = self.headers.get("content-encoding", "").strip().lower()
+        self.bad = error_response(400, f"request body is not valid {encoding} data: {why}")
+        self.inflater = None
+        self.body = []
 
     # -- responses --------------------------------------------------------------------------
     def _fill(self, slot: list, response: HttpResponse) -> None:
+        if slot[0] is not None:
+            return  # answered already: each request gets exactly one response
         slot[0] = response
-        while self.slots and self.slots[0][0] is not None:
-            self._write(self.slots.popleft()[0])
-        if self.closing and not self.slots and self.transport is not None:
-            self.transport.close()
+        self._flush()
 
-    def _reply_now(self, response: HttpResponse) -> None:
-        self._write(response)
-        if self.transport is not None:
-            self.transport.close()
+    def _flush(self) -> None:
+        slots = self.slots
+        while slots and slots[0][0] is not None:
+            response = slots.popleft()[0]
+            try:
+                self._write(response)
+            except Exception as err:  # e.g. a header that is not latin-1: still one answer
+                log.exception("cannot write an HTTP %d response", response.status)
+                self._write(error_response(500, f"internal error: cannot encode response: {err}"))
+        if self.waiting:
+            self._release()
+        if self.closing and not slots and self.transport is not None:
+            if self.refused:
+                self._linger()
+            else:
+                self.transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer the request being received with an error, after the answers owed before it,
+        then close: what the client still sends is not parsed."""
+        self.refused = self.closing = True
+        self.receiving = self.in_head = False
+        self.inflater = None
+        self.body = []
+        self._pause(_REFUSED)
+        self.slots.append([error_response(status, message), None])
+        self._flush()
 
     def _write(self, response: HttpResponse) -> None:
         transport = self.transport
@@ -151,36 +410,129 @@ class _Protocol(asyncio.Protocol):
         ]
         for name, value in response.headers:
             head.append(f"{name}: {value}\r\n")
-        if self.closing:
+        if self.closing and len(self.slots) == 0:
             head.append("Connection: close\r\n")
         head.append("\r\n")
         transport.writelines([("".join(head)).encode("latin-1"), *response.body])
 
+    # -- flow control and clocks ------------------------------------------------------------
+    def _pause(self, why: int) -> None:
+        transport = self.transport
+        if not self.paused and transport is not None and not transport.is_closing():
+            transport.pause_reading()
+        self.paused |= why
 
-def _decompress(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    try:
-        if encoding == "gzip":
-            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except zlib.error as err:
-        raise ValueError(f"request body is not valid {encoding} data: {err}") from None
-    if encoding == "identity":
-        return body
-    raise ValueError(f"unsupported Content-Encoding '{encoding}'")
+    def _resume(self, why: int) -> None:
+        if not self.paused & why:
+            return
+        self.paused &= ~why
+        transport = self.transport
+        if not self.paused and transport is not None and not transport.is_closing():
+            transport.resume_reading()
+            self.began = _now()  # the time spent paused was ours, not the client's
+
+    def _linger(self) -> None:
+        """Half-close after the error answer and drop what still arrives, for a bounded time."""
+        transport = self.transport
+        if transport is None or self.lingering:
+            return
+        self.lingering = True
+        self._resume(_PENDING | _WRITES | _REFUSED)
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._arm(_LINGER_S)
+
+    def _arm(self, delay: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.server.loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        """The connection's one clock: header-read deadline, idle deadline, end of lingering."""
+        self.timer = None
+        transport = self.transport
+        if transport is None:
+            return
+        if self.lingering:
+            transport.abort()
+            return
+        now = _now()
+        limits = self.limits
+        if self.receiving and not self.paused:
+            left = self.began + limits.header_timeout_s - now
+            if left <= 0:
+                wait = limits.header_timeout_s
+                self._refuse(408, f"the request did not arrive whole within {wait:g} s "
+                                  "(--http-header-timeout)")  # fmt: skip
+                return
+            self._arm(left)
+        elif self.slots or self.receiving or self.refused:
+            self.idle_since = 0.0
+            self._arm(self.server.tick)
+        else:
+            if not self.idle_since:
+                self.idle_since = now
+            left = self.idle_since + limits.idle_timeout_s - now
+            if left > 0:
+                self._arm(min(left, self.server.tick))
+            elif transport.get_write_buffer_size():
+                transport.abort()  # replies nobody reads: close() would wait for them forever
+            else:
+                transport.close()
+
+    def stalled(self) -> bool:
+        """Half-sent (or silent since connecting) through no fault of ours."""
+        return (self.receiving or self.count == 0) and not self.paused and not self.slots
+
+    def drop(self) -> None:
+        self.server.open.discard(self)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _run_disconnect_hooks(request: HttpRequest) -> None:
+    hooks, request.disconnect_hooks = request.disconnect_hooks, []
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:  # one failing hook must not keep the others from running
+            log.exception("disconnect hook failed for %s %s", request.method, request.path)
 
 
 def _error_json(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
+def raise_open_file_limit(wanted: int) -> int:
+    """Raise the soft RLIMIT_NOFILE toward the hard limit, so that the connection cap, not EMFILE,
+    is what turns clients away; returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, wanted)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 async def start_http_server(
     handler: Handler, host: str, port: int, limits: Limits | None = None
 ) -> asyncio.AbstractServer:
+    limits = limits or Limits()
+    wanted = limits.max_connections + _FD_RESERVE
+    soft = raise_open_file_limit(wanted)
+    if soft < wanted:
+        print(f"warning: the open-file limit ({soft}) is below --http-max-connections "
+              f"({limits.max_connections}) plus {_FD_RESERVE} for the worker itself; "
+              "connections beyond it wait in the listen queue", file=sys.stderr)  # fmt: skip
     loop = asyncio.get_running_loop()
+    server = _Server(limits, loop)
     return await loop.create_server(
-        lambda: _Protocol(handler), host, port, reuse_address=True, backlog=1024
+        lambda: _Protocol(handler, server), host, port, reuse_address=True, backlog=1024
     )
 
 
