@@ -172,13 +172,18 @@ async def _serve(options: ServeOptions) -> int:
     worker = Worker(options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def request_stop() -> None:  # the deadline runs from here, even while models still load
+        _deadline.arm(options.exit_timeout_s)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, request_stop)
     if options.exit_on_stdin_eof:
         def lifeline() -> None:  # returns when whoever holds our stdin is gone
             while sys.stdin.buffer.read(4096):
                 pass
-            loop.call_soon_threadsafe(stop.set)
+            loop.call_soon_threadsafe(request_stop)
 
         threading.Thread(target=lifeline, name="stdin-lifeline", daemon=True).start()
     try:
@@ -189,7 +194,6 @@ async def _serve(options: ServeOptions) -> int:
     print(worker.ready_line(), flush=True)
     await stop.wait()
     print("model-analyzer serve: shutting down", flush=True)
-    _deadline.arm(options.exit_timeout_s)
     await worker.stop()
     return 0
 
@@ -203,8 +207,13 @@ class _ShutdownDeadline:
 
     def __init__(self) -> None:
         self.done = threading.Event()
+        self.armed = False
 
     def arm(self, limit: float) -> None:
+        """Start the clock; a second signal does not restart it."""
+        if self.armed:
+            return
+        self.armed = True
         threading.Thread(
             target=self._run, args=(limit,), name="shutdown-deadline", daemon=True
         ).start()
