@@ -115,6 +115,11 @@ def serve(
     max_instance_count: Annotated[
         int, typer.Option(help="Model instances one model version may have at most.")
     ] = 64,
+    exit_timeout_secs: Annotated[
+        float,
+        typer.Option(help="Seconds from SIGTERM to exit at most: python models still busy are "
+                     "killed (Triton's flag)."),
+    ] = 15.0,
 ) -> None:
     """Serve a model repository with Triton's HTTP/REST, gRPC and metrics protocols."""
     from analyzer.worker.server import ServeOptions
@@ -145,6 +150,7 @@ def serve(
         allow_model_file_uploads=_as_bool("--allow-model-file-uploads", allow_model_file_uploads),
         http_restricted_api=list(http_restricted_api or []),
         grpc_restricted_protocol=list(grpc_restricted_protocol or []),
+        exit_timeout_s=exit_timeout_secs,
     )
     raise typer.Exit(run_worker(options))
 
