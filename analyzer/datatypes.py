@@ -69,15 +69,19 @@ def shape_count(shape) -> int:
     """
     if len(shape) > MAX_RANK:
         raise ValueError(f"shape has {len(shape)} dimensions, at most {MAX_RANK} are allowed")
-    count, span = 1, 1
+    count = span = 1
     for d in shape:
-        if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0:
+        if type(d) is not int:  # bool is refused here too; numpy integers are accepted
+            if isinstance(d, bool) or not isinstance(d, np.integer):
+                raise ValueError(f"shape {_show(shape)} must list non-negative integers")
+            d = int(d)
+        if d < 0:
             raise ValueError(f"shape {_show(shape)} must list non-negative integers")
-        d = int(d)
         count *= d
-        span *= d or 1
-        if span > MAX_ELEMENTS:
-            raise ValueError(f"shape {_show(shape)} has more than {MAX_ELEMENTS} elements")
+        if d:
+            span *= d
+    if span > MAX_ELEMENTS:
+        raise ValueError(f"shape {_show(shape)} has more than {MAX_ELEMENTS} elements")
     return count
 
 
@@ -140,9 +144,15 @@ def tensor_to_bytes(array: np.ndarray, wire: str) -> bytes | memoryview:
     return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
-def tensor_from_bytes(buffer, wire: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A numpy view (no copy) of raw bytes for fixed-size types; BYTES are decoded."""
-    count = shape_count(shape)
+def tensor_from_bytes(
+    buffer, wire: str, shape: tuple[int, ...], count: int | None = None
+) -> np.ndarray:
+    """A numpy view (no copy) of raw bytes for fixed-size types; BYTES are decoded.
+
+    `count`: shape_count(shape) when the caller has already checked the shape.
+    """
+    if count is None:
+        count = shape_count(shape)
     if wire == "BYTES":
         return deserialize_bytes_tensor(buffer, count).reshape(shape)
     dtype = WIRE_TO_NUMPY[wire]

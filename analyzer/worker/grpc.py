@@ -388,7 +388,7 @@ def _decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
             dtype = wire_to_numpy(wire)
             count = shape_count(shape)
             if raw:
-                array = tensor_from_bytes(memoryview(raw[i]), wire, shape)
+                array = tensor_from_bytes(memoryview(raw[i]), wire, shape, count)
             else:
                 array = _from_contents(tensor, wire, dtype, shape, count)
         except ValueError as err:

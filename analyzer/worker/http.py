@@ -359,7 +359,7 @@ def _decode_inputs(header: dict, binary: memoryview) -> tuple[dict, dict]:
                         f"unexpected end of binary data for input '{name}': needs {size} bytes, "
                         f"{len(binary) - offset} remain"
                     )
-                array = tensor_from_bytes(binary[offset : offset + size], wire, shape)
+                array = tensor_from_bytes(binary[offset : offset + size], wire, shape, count)
                 offset += size
             elif "data" in spec:
                 array = _from_json_data(spec["data"], wire, shape, count)
