@@ -26,7 +26,8 @@ TIMEOUT = 30  # seconds any single answer may take on a loaded 2-core machine
 KEY = ("x-key", "abc")
 
 MODELS = {
-    # answers OUTPUT Y only, though its config also lists Z
+    # answers OUTPUT Y only, though its config also lists Z; for X == 2, Y is complex, which no
+    # Triton datatype carries
     "partial": (
         """
 name: "partial"
@@ -39,12 +40,17 @@ output [
 ]
 """,
         """
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            y = x.astype(np.complex64) if x[0] == 2 else x
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
 """,
     ),
     # one instance busy for SLOW_S per request, so a second request waits in the queue
@@ -95,6 +101,7 @@ def restricted():
         "--load-model=add_sub",
         "--http-restricted-api=model-repository,statistics:x-key=abc",
         "--grpc-restricted-protocol=model-repository:x-key=abc",
+        "--grpc-restricted-protocol=inference:x-infer=def",
     )
     try:
         yield served
@@ -314,12 +321,23 @@ def test_grpc_restricted_protocol_needs_the_metadata_key(restricted):
         stub.RepositoryModelUnload(unload, metadata=(KEY,), timeout=TIMEOUT)
         assert not stub.ModelReady(pb.ModelReadyRequest(name="add_sub"), timeout=TIMEOUT).ready
         stub.RepositoryModelLoad(load, metadata=(KEY,), timeout=TIMEOUT)
-        # statistics are restricted on HTTP only; health, metadata and inference are open
+        # statistics are restricted on HTTP only; health, metadata and model-config are open
         assert stub.ModelStatistics(pb.ModelStatisticsRequest(), timeout=TIMEOUT).model_stats
         assert stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT).live
         assert stub.ModelMetadata(pb.ModelMetadataRequest(name="add_sub"), timeout=TIMEOUT)
         assert stub.ModelConfig(pb.ModelConfigRequest(name="add_sub"), timeout=TIMEOUT)
-        assert stub.ModelInfer(add_sub_request(), timeout=TIMEOUT).raw_output_contents
+        # inference has its own key on gRPC, for unary calls and streams alike
+        infer = ("x-infer", "def")
+        assert grpc_code(stub.ModelInfer, add_sub_request()) == grpc.StatusCode.UNAVAILABLE
+        assert stub.ModelInfer(add_sub_request(), metadata=(infer,), timeout=TIMEOUT)
+        try:
+            list(stub.ModelStreamInfer(iter([add_sub_request()]), timeout=TIMEOUT))
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.UNAVAILABLE and "x-infer" in err.details()
+        else:
+            raise AssertionError("a restricted stream answered without the key")
+        answers = stub.ModelStreamInfer(iter([add_sub_request()]), metadata=(infer,), timeout=30)
+        assert [a.error_message for a in answers] == [""]
 
 
 # -- 3. gRPC bounds -----------------------------------------------------------------------------
@@ -529,12 +547,18 @@ def test_outputs_the_model_did_not_produce_still_get_an_answer(conn, stub):
     assert status == 500 and "did not produce output 'Z'" in answer["error"], answer
     status, answer = call(conn, "POST", "/v2/models/partial/infer", x_body(3))
     assert status == 200 and answer["outputs"][0]["data"] == [3], answer
-    try:
-        stub.ModelInfer(x_request("partial", 3, ["Y", "Z"]), timeout=TIMEOUT)
-    except grpc.RpcError as err:
-        assert err.code() == grpc.StatusCode.INTERNAL and "'Z'" in err.details()
-    else:
-        raise AssertionError("a missing output answered OK")
+    status, answer = call(conn, "POST", "/v2/models/partial/infer", x_body(2))
+    assert status == 500 and "no Triton datatype" in answer["error"], answer
+    for request, expected in [
+        (x_request("partial", 3, ["Y", "Z"]), "did not produce output 'Z'"),
+        (x_request("partial", 2), "no Triton datatype"),
+    ]:
+        try:
+            stub.ModelInfer(request, timeout=TIMEOUT)
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.INTERNAL and expected in err.details()
+        else:
+            raise AssertionError(f"{expected}: answered OK")
     assert_serves(conn, stub)
 
 
@@ -545,16 +569,17 @@ def test_grpc_stream_answers_every_request_errors_included(conn, stub):
     bad_shape.inputs[0].shape[:] = [-3, 4]
     requests = [
         add_sub_request(), add_sub_request("../x"), bad_priority, bad_shape,
-        x_request("partial", 1, ["Y", "Z"]), add_sub_request("no_such_model"), add_sub_request(),
+        x_request("partial", 1, ["Y", "Z"]), add_sub_request("no_such_model"),
+        x_request("partial", 2), add_sub_request(),
     ]  # fmt: skip
     for i, request in enumerate(requests):
         request.id = str(i)
     answers = list(stub.ModelStreamInfer(iter(requests), timeout=TIMEOUT))
     assert sorted(int(a.infer_response.id) for a in answers) == list(range(len(requests)))
     errors = {int(a.infer_response.id): a.error_message for a in answers if a.error_message}
-    assert sorted(errors) == [1, 2, 3, 4, 5], errors
+    assert sorted(errors) == [1, 2, 3, 4, 5, 6], errors
     assert "invalid model name" in errors[1] and "priority" in errors[2]
-    assert "did not produce output 'Z'" in errors[4]
+    assert "did not produce output 'Z'" in errors[4] and "no Triton datatype" in errors[6]
     assert_serves(conn, stub)
 
 
