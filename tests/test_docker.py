@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -183,6 +184,7 @@ def test_the_container_worker_is_not_root_keeps_its_api_and_listens_on_loopback_
         assert stubs and all(_uids(p.pid) == {1000} for p in stubs)
         _add_sub(launcher.grpc_url, launcher.http_url)
         client.close()
+        assert stat.S_IMODE(launcher.log_path.stat().st_mode) == 0o600  # may carry model output
     finally:
         launcher.stop()
     assert not _containers()
