@@ -31,6 +31,9 @@ REPOSITORY_KEY_ENV = "MODEL_ANALYZER_REPOSITORY_KEY"
 KEY_HEADER = "model-analyzer-key"
 
 
+_taken: dict[str, str] = {}  # the key once taken out of os.environ (HTTP and gRPC both need it)
+
+
 class RestrictionError(ValueError):
     """A restriction flag that does not parse; the message names the flag and the value."""
 
@@ -84,7 +87,12 @@ def build(flag: str, values: list[str], environ: Mapping[str, str] | None = None
     restrictions = Restrictions()
     for text in values:
         restrictions.add(flag, text)
-    key = (os.environ if environ is None else environ).get(REPOSITORY_KEY_ENV, "")
+    if environ is None:
+        # read once and removed, so that no child (a python model's process) inherits the key
+        key = os.environ.pop(REPOSITORY_KEY_ENV, "") or _taken.get(REPOSITORY_KEY_ENV, "")
+        _taken[REPOSITORY_KEY_ENV] = key
+    else:
+        key = environ.get(REPOSITORY_KEY_ENV, "")
     if key:
         if "model-repository" in restrictions.rules:
             raise RestrictionError(

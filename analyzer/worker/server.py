@@ -181,7 +181,10 @@ async def _serve(options: ServeOptions) -> int:
         loop.add_signal_handler(sig, request_stop)
     if options.exit_on_stdin_eof:
         def lifeline() -> None:  # returns when whoever holds our stdin is gone
-            while sys.stdin.buffer.read(4096):
+            try:
+                while os.read(0, 4096):  # not sys.stdin: its buffer lock breaks the exit
+                    pass
+            except OSError:  # no usable stdin: as good as closed
                 pass
             loop.call_soon_threadsafe(request_stop)
 
