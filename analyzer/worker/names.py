@@ -18,7 +18,9 @@ def check_model_name(name: str) -> str:
         or len(name) > MAX_NAME_LENGTH
         or name in (".", "..")
         or name.startswith("-")
-        or any(c in name for c in "/\\\0")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
         or not name.isprintable()
     ):
         shown = name[:64].encode("unicode_escape").decode("ascii")
