@@ -294,13 +294,13 @@ def report(
     storage: Annotated[
         str | None,
         typer.Option(help="The shared study's storage URL, when it has a password (the results "
-                          "file names it without); env:NAME reads it from environment variable "
-                          "NAME, so the password stays out of the process list."),
+                          "file names it without); default: environment variable "
+                          "MODEL_ANALYZER_STORAGE, which keeps the password out of the process "
+                          "list."),
     ] = None,
 ) -> None:
     """Rebuild the summary and detailed reports from a profile run's stored results (merged first
     with the points other processes added to the run's shared Optuna study, if it used one)."""
-    from analyzer.config.profile_config import ProfileConfigError
     from analyzer.report.html import ReportError, load_results, render_reports
     from analyzer.results.shared import refresh_from_studies
 
@@ -312,7 +312,7 @@ def report(
         for note in refresh_from_studies(export, load_results(export), storage):
             typer.echo(f"note: {note}")
         written = render_reports(export, ("html", report_format))
-    except (ReportError, ProfileConfigError) as exc:
+    except ReportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     for path in written:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -11,7 +12,12 @@ from typing import Any, TextIO
 
 from rich.console import Console
 
-from analyzer.config.profile_config import ProfileConfigError, argument_parser, load_profile_config
+from analyzer.config.profile_config import (
+    STORAGE_VARIABLE,
+    ProfileConfigError,
+    argument_parser,
+    load_profile_config,
+)
 from analyzer.fsutil import FolderError
 from analyzer.launch.base import LaunchSetupError
 from analyzer.profiler import Profiler
@@ -80,6 +86,7 @@ def profile_command(argv: list[str]) -> int:
     except ProfileConfigError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
+    os.environ.pop(STORAGE_VARIABLE, None)  # read: the worker and the models need not see it
     with _hide(url_secrets(config.storage)):
         try:
             return _profile(config)

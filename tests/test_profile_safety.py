@@ -265,12 +265,12 @@ def test_an_unreachable_storage_shows_no_password(tmp_path, url):
     _no_secret_anywhere(tmp_path, run.stdout, run.stderr)
 
 
-def test_a_storage_url_from_the_environment_stays_out_of_argv_and_every_file(tmp_path):
+def test_a_storage_url_from_the_environment_stays_out_of_argv_children_and_files(tmp_path):
     with postgres_server() as plain:
         url = plain.replace("@", ":secret@", 1) + "?password=secret"  # trust auth ignores it
-        env = {**os.environ, "COLUMNS": "160", "MA_TEST_STORAGE": url}
+        env = {**os.environ, "COLUMNS": "160", "MODEL_ANALYZER_STORAGE": url}
         args = [*SEARCH, "--output-model-repository-path", "OUT", "--run-config-search-mode",
-                "optuna", "--storage", "env:MA_TEST_STORAGE", "--study-name", "shared-study",
+                "optuna", "--study-name", "shared-study",
                 "--optuna-min-trials", "1", "--optuna-max-trials", "2",
                 "--max-percentage-of-search-space", "100"]  # fmt: skip
         process = subprocess.Popen(
@@ -281,10 +281,12 @@ def test_a_storage_url_from_the_environment_stays_out_of_argv_and_every_file(tmp
         try:
             deadline = time.monotonic() + 300
             while process.poll() is None and time.monotonic() < deadline:
-                try:  # the profiler, its worker and load-generator processes
-                    tree = [psutil.Process(process.pid)]
-                    tree += tree[0].children(recursive=True)
-                    seen |= {" ".join(p.cmdline()) for p in tree}
+                try:  # the profiler's argv; its worker's and load generators' argv and environment
+                    profiler = psutil.Process(process.pid)
+                    seen.add(" ".join(profiler.cmdline()))
+                    for child in profiler.children(recursive=True):
+                        seen.add(" ".join(child.cmdline()))
+                        seen.add(repr(child.environ()))
                 except psutil.Error:
                     pass  # a process that ended between the listing and the reading
                 time.sleep(0.05)
@@ -294,7 +296,7 @@ def test_a_storage_url_from_the_environment_stays_out_of_argv_and_every_file(tmp
                 process.kill()
                 process.wait(30)
         assert process.returncode == 0, out + err
-        assert any("env:MA_TEST_STORAGE" in cmd for cmd in seen)
+        assert any("--study-name shared-study" in cmd for cmd in seen)
         assert any(" serve " in f" {cmd} " for cmd in seen)  # the worker was seen too
         document = results(tmp_path / "EXP")
         assert document["models"][0]["study"]["storage"] == redact_url(url)
@@ -302,9 +304,10 @@ def test_a_storage_url_from_the_environment_stays_out_of_argv_and_every_file(tmp
         assert any(c["measurements"] for c in document["models"][0]["configs"])
 
         report = subprocess.run(
-            [sys.executable, "-m", "analyzer", "report", "-e", "EXP", "--storage",
-             "env:MA_TEST_STORAGE"], cwd=tmp_path, env=env, capture_output=True, text=True,
-            timeout=300,
+            [sys.executable, "-m", "analyzer", "report", "-e", "EXP"], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert report.returncode == 0, report.stdout + report.stderr
+        assert "pass --storage" not in report.stdout  # the study was opened with the variable's URL
+        assert "the Optuna storage is MODEL_ANALYZER_STORAGE's" in out
         _no_secret_anywhere(tmp_path, *seen, out, err, report.stdout, report.stderr)

@@ -86,9 +86,10 @@ FIELDS: tuple[Field, ...] = (
           "default: one weighted objective."),
     Field("storage", "str", None,
           "Optuna storage URL (default: sqlite in the checkpoint folder; postgresql://... to "
-          "share one study between processes and hosts). env:NAME reads the URL from the "
-          "environment variable NAME, so a password never appears in the process list; the URL "
-          "is shown and stored only without its password."),
+          "share one study between processes and hosts). Without this flag the URL is read from "
+          "the environment variable MODEL_ANALYZER_STORAGE, if set: a password given that way "
+          "does not appear in the process list. The URL is shown and stored without its "
+          "password."),
     Field("study_name", "str", None, "Optuna study name (default: model-analyzer-<model>)."),
     Field("concurrency", "ints", None, "Concurrency values to measure (no sweep).", ("-c",)),
     Field("batch_sizes", "ints", [1], "Client batch sizes (default 1).", ("-b",)),
@@ -584,8 +585,10 @@ def load_profile_config(argv: list[str], cwd: Path | None = None) -> ProfileConf
     if values["min_throughput"] is not None:
         values["constraints"].setdefault("perf_throughput", {})["min"] = values["min_throughput"]
     _check_ranges(values)
-    if values["storage"] is not None:
-        values["storage"] = resolve_storage(values["storage"], "storage")
+    if values["storage"] is None and storage_from_environment():
+        values["storage"] = storage_from_environment()
+        if values["run_config_search_mode"] == "optuna":
+            notes.append(f"the Optuna storage is {STORAGE_VARIABLE}'s (its password is not shown)")
     if values["model_repository"] is None:
         raise ProfileConfigError("'model_repository' is required (--model-repository or -m)")
     for key in ("model_repository", "output_model_repository_path", "export_path",
@@ -600,18 +603,13 @@ def load_profile_config(argv: list[str], cwd: Path | None = None) -> ProfileConf
     return ProfileConfig(values, models, notes)
 
 
-def resolve_storage(value: str, key: str) -> str:
-    """A storage URL, or env:NAME for the URL held by environment variable NAME (kept out of
-    argv, which every local user can read in `ps`)."""
-    if not value.startswith("env:"):
-        return value
-    name = value.removeprefix("env:")
-    url = os.environ.get(name, "") if name else ""
-    if not url:
-        raise ProfileConfigError(
-            f"'{key}' is '{value}', but environment variable '{name}' is not set or empty"
-        )
-    return url
+STORAGE_VARIABLE = "MODEL_ANALYZER_STORAGE"
+
+
+def storage_from_environment() -> str | None:
+    """The storage URL in MODEL_ANALYZER_STORAGE, used when none is given: the environment,
+    unlike argv, is not readable by every local user through `ps`."""
+    return os.environ.get(STORAGE_VARIABLE) or None
 
 
 def _check_ranges(values: dict[str, Any]) -> None:

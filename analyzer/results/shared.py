@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analyzer.config.profile_config import ModelSpec, ProfileConfig, resolve_storage
+from analyzer.config.profile_config import ModelSpec, ProfileConfig, storage_from_environment
 from analyzer.profiler import ModelOutcome, ProfileOutcome
 from analyzer.report.exports import write_csvs, write_results
 from analyzer.results.measurement import Measurement
@@ -83,12 +83,12 @@ def refresh_from_studies(
     export_path: Path, document: dict[str, Any], storage: str | None = None
 ) -> list[str]:
     """Merge the shared studies' points into the results files; returns notes for the user.
-    `storage` (a URL or env:NAME) replaces the URL the results file names (which has no
-    password)."""
+    `storage` replaces the URL the results file names (which has no password); without it,
+    MODEL_ANALYZER_STORAGE does where it is that URL with the password."""
     if not any(m.get("study") for m in document["models"]):
         return []
     outcome = outcome_from_document(document)
-    storage = resolve_storage(storage, "--storage") if storage else None
+    from_environment = storage_from_environment()
     notes, added = [], 0
     for model in outcome.models:
         study = model.study
@@ -96,6 +96,8 @@ def refresh_from_studies(
             continue
         if storage:
             study = model.study = {**study, "storage": storage}
+        elif from_environment and study["storage"] == redact_url(from_environment):
+            study = model.study = {**study, "storage": from_environment}  # the run's own URL
         if "***" in study["storage"]:
             notes.append(f"study '{study['study_name']}' is in {study['storage']}: pass --storage "
                          "with the password to merge the other processes' points")  # fmt: skip
