@@ -110,15 +110,21 @@ class _Server:
 class _Protocol(asyncio.Protocol):
     __slots__ = (
         "handler", "server", "limits", "transport", "parser", "url", "headers", "body", "slots",
-        "closing", "refused", "lingering", "paused", "receiving", "in_head", "count", "began",
-        "idle_since", "head_bytes", "raw_head", "body_bytes", "inflater", "inflated", "bad",
-        "timer", "waiting", "releasing",
+        "closing", "refused", "lingering", "paused", "receiving", "in_head", "measure", "count",
+        "began", "idle_count", "idle_since", "raw_head", "raw_count", "body_bytes", "encoded",
+        "inflater", "inflated", "bad", "timer", "waiting", "releasing", "head_cap", "body_cap",
+        "pending_cap", "length_digits",
     )  # fmt: skip
 
     def __init__(self, handler: Handler, server: _Server):
         self.handler = handler
         self.server = server
-        self.limits = server.limits
+        limits = self.limits = server.limits
+        # the caps, read on every request, kept here to save a lookup each
+        self.head_cap = limits.max_header_bytes
+        self.body_cap = limits.max_input_bytes
+        self.pending_cap = limits.max_pending_per_connection
+        self.length_digits = len(str(limits.max_input_bytes))  # fewer: surely under the cap
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
@@ -135,12 +141,15 @@ class _Protocol(asyncio.Protocol):
         self.paused = 0  # _PENDING (requests waiting) | _WRITES | _REFUSED
         self.receiving = False  # a request has begun and is not complete
         self.in_head = False  # ... and its head is not complete
+        self.measure = False  # heads completed now may exceed the cap: measure them
         self.count = 0  # requests begun on this connection
         self.began = 0.0  # when the request being received (or the connection) began
-        self.idle_since = 0.0  # 0: not known yet to be idle
-        self.head_bytes = 0  # URL and header bytes of this request, as parsed
-        self.raw_head = 0  # bytes of whole chunks that fell inside this request's head
+        self.idle_count = 0  # `count` when the timer last saw the connection idle ...
+        self.idle_since = 0.0  # ... and since when
+        self.raw_head = 0  # bytes of whole chunks that fell inside one request's head ...
+        self.raw_count = 0  # ... the request `count` they belong to
         self.body_bytes = 0
+        self.encoded = False  # this request has a Content-Encoding
         self.inflater = None  # zlib decompressobj for a Content-Encoding body
         self.inflated = 0
         self.bad: HttpResponse | None = None  # the answer to this request, decided early
@@ -187,13 +196,14 @@ class _Protocol(asyncio.Protocol):
         if self.refused:
             return  # the answer is out or queued; the rest of this client's bytes go nowhere
         try:
-            if self.in_head:  # the last chunk ended inside a request's head
-                count = self.count
-                self.parser.feed_data(data)
-                if self.in_head and self.count == count:
-                    self._count_raw_head(len(data))
+            # a head that ends in the chunk it began in is no longer than the chunk: only a chunk
+            # longer than the cap, or one that goes on a head, needs the head measured
+            if self.in_head or len(data) > self.head_cap:
+                self._feed_measured(data)
             else:
                 self.parser.feed_data(data)
+        except _Stop:
+            pass  # refused between two feeds
         except httptools.HttpParserUpgrade:
             self._refuse(400, "protocol upgrade is not supported")
         except httptools.HttpParserCallbackError as err:
@@ -203,12 +213,20 @@ class _Protocol(asyncio.Protocol):
         except httptools.HttpParserError as err:
             self._refuse(400, f"malformed HTTP request: {err}")
 
-    def _count_raw_head(self, n: int) -> None:
-        """httptools buffers a header until it is whole, so a head that never ends is capped
-        from the chunks that fell entirely inside it."""
-        self.raw_head += n
-        if self.raw_head > self.limits.max_header_bytes:
-            self._refuse_head()
+    def _feed_measured(self, data: bytes) -> None:
+        """Feed with heads measured when complete; httptools buffers a header until it is whole,
+        so a head that never ends is capped from the chunks that fell entirely inside it."""
+        count, inside = self.count, self.in_head
+        self.measure = True
+        self.parser.feed_data(data)
+        if not self.in_head:
+            self.measure = False
+        elif inside and self.count == count and not self.refused:
+            if self.raw_count != count:
+                self.raw_count, self.raw_head = count, 0
+            self.raw_head += len(data)
+            if self.raw_head > self.head_cap:
+                self._refuse_head()
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -218,39 +236,36 @@ class _Protocol(asyncio.Protocol):
         self.count += 1
         self.receiving = self.in_head = True
         self.began = _now()
-        self.idle_since = 0.0
-        self.head_bytes = self.raw_head = self.body_bytes = 0
+        self.body_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self.head_bytes += len(url)
-        if self.head_bytes > self.limits.max_header_bytes:
-            self._refuse_head()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-        self.head_bytes += len(name) + len(value)
-        if self.head_bytes > self.limits.max_header_bytes:
-            self._refuse_head()
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        if self.measure:
+            self._measure_head()
         headers = self.headers
         length = headers.get("content-length")
-        if length is not None and int(length) > self.limits.max_input_bytes:
-            self._refuse_body(f"request body of {int(length)} bytes")
+        if length is not None and len(length) >= self.length_digits:
+            if int(length) > self.body_cap:
+                self._refuse_body(f"request body of {int(length)} bytes")
         if "content-encoding" in headers:
+            self.encoded = True
             self._start_inflating(headers["content-encoding"])
         if "expect" in headers:
             self._expect(headers["expect"])
 
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
-        if self.body_bytes > self.limits.max_input_bytes:
+        if self.body_bytes > self.body_cap:
             self._refuse_body("request body")
-        if self.inflater is not None:
-            self._inflate(body)
-        elif self.bad is None:
+        if self.encoded:
+            self._encoded_body(body)
+        else:
             self.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -259,7 +274,8 @@ class _Protocol(asyncio.Protocol):
         self.body = []
         if not self.parser.should_keep_alive():
             self.closing = True
-        if self.inflater is not None or self.bad is not None:
+        if self.encoded:
+            self.encoded = False
             body = self._finish_inflating(body)
             if self.bad is not None:
                 bad, self.bad = self.bad, None
@@ -272,12 +288,16 @@ class _Protocol(asyncio.Protocol):
         request = HttpRequest(self.parser.get_method().decode(), path, query, self.headers, body)
         slot = [None, request]
         self.slots.append(slot)
-        if self.paused or len(self.slots) > self.limits.max_pending_per_connection:
+        if self.paused or len(self.slots) > self.pending_cap:
             # parsing cannot stop inside a chunk, so the rest of it waits here, unhandled
             self.waiting.append(slot)
             self._pause(_PENDING)
             return
-        self._dispatch(slot)
+        try:  # _dispatch, inlined: this is the hot path
+            self.handler(request, lambda response: self._fill(slot, response))
+        except Exception as err:  # a handler bug must not leave the request unanswered
+            log.exception("HTTP handler failed for %s %s", request.method, path)
+            self._fill(slot, HttpResponse(500, [_error_json(f"internal error: {err}")]))
 
     def _dispatch(self, slot: list) -> None:
         request = slot[1]
@@ -293,7 +313,7 @@ class _Protocol(asyncio.Protocol):
             return  # a handler that answered at once: the loop below goes on
         self.releasing = True
         waiting, slots = self.waiting, self.slots
-        cap = self.limits.max_pending_per_connection
+        cap = self.pending_cap
         try:
             while waiting and not self.paused & _WRITES and len(slots) - len(waiting) < cap:
                 self._dispatch(waiting.popleft())
@@ -303,8 +323,13 @@ class _Protocol(asyncio.Protocol):
             self._resume(_PENDING)
 
     # -- request checks (off the hot path) --------------------------------------------------
+    def _measure_head(self) -> None:
+        size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
+        if size > self.head_cap:
+            self._refuse_head()
+
     def _refuse_head(self) -> None:
-        cap = self.limits.max_header_bytes
+        cap = self.head_cap
         if len(self.url) <= cap:
             self._refuse(431, f"request headers exceed the limit of {cap} bytes "
                               "(--http-max-header-size)")  # fmt: skip
@@ -314,7 +339,7 @@ class _Protocol(asyncio.Protocol):
         raise _Stop
 
     def _refuse_body(self, what: str) -> None:
-        cap = self.limits.max_input_bytes
+        cap = self.body_cap
         self._refuse(413, f"{what} exceeds the limit of {cap} bytes (--http-max-input-size)")
         raise _Stop
 
@@ -337,16 +362,22 @@ class _Protocol(asyncio.Protocol):
             self.bad = error_response(400, f"unsupported Content-Encoding '{encoding}'")
         self.inflated = 0
 
+    def _encoded_body(self, data: bytes) -> None:
+        if self.inflater is not None:
+            self._inflate(data)
+        elif self.bad is None:  # identity
+            self.body.append(data)
+
     def _inflate(self, data: bytes) -> None:
         """Inflate as it arrives, asking zlib for at most one byte beyond the cap."""
-        room = self.limits.max_input_bytes - self.inflated
+        room = self.body_cap - self.inflated
         try:
             out = self.inflater.decompress(data, room + 1)
         except zlib.error as err:
             self._bad_encoding(str(err))
             return
         self.inflated += len(out)
-        if self.inflated > self.limits.max_input_bytes:
+        if self.inflated > self.body_cap:
             self.inflater = None
             self._refuse_body("inflated request body")
         if out:
@@ -394,6 +425,7 @@ class _Protocol(asyncio.Protocol):
         self.refused = self.closing = True
         self.receiving = self.in_head = False
         self.inflater = None
+        self.encoded = False
         self.body = []
         self._pause(_REFUSED)
         self.slots.append([error_response(status, message), None])
@@ -469,11 +501,10 @@ class _Protocol(asyncio.Protocol):
                 return
             self._arm(left)
         elif self.slots or self.receiving or self.refused:
-            self.idle_since = 0.0
             self._arm(self.server.tick)
         else:
-            if not self.idle_since:
-                self.idle_since = now
+            if self.idle_count != self.count:  # new requests since last seen idle
+                self.idle_count, self.idle_since = self.count, now
             left = self.idle_since + limits.idle_timeout_s - now
             if left > 0:
                 self._arm(min(left, self.server.tick))
