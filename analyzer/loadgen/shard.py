@@ -179,7 +179,17 @@ class Shard:
                 conn = await self._connect()
             waiter = conn.start(payload)
             sent = now_ns()
-            status = await waiter
+            try:
+                status = await waiter
+            except ConnectionError:
+                # keep-alive race: the server closed this idle connection (its idle timeout) as
+                # the request went out, before any byte of an answer; resend once on a new one
+                if conn.first_byte:
+                    raise
+                conn = await self._connect()
+                waiter = conn.start(payload)
+                sent = now_ns()
+                status = await waiter
             end = now_ns()
             ok = status == 200
             if not ok:
