@@ -112,6 +112,9 @@ def serve(
     grpc_max_concurrent_rpcs: Annotated[
         int, typer.Option(help="gRPC calls served at once (RESOURCE_EXHAUSTED beyond).")
     ] = 4096,
+    grpc_max_stream_pending: Annotated[
+        int, typer.Option(help="Unanswered requests of one gRPC stream before reading it pauses.")
+    ] = 1024,
     max_instance_count: Annotated[
         int, typer.Option(help="Model instances one model version may have at most.")
     ] = 64,
@@ -145,7 +148,7 @@ def serve(
         limits=_limits(
             http_max_input_size, http_max_header_size, http_header_timeout, http_idle_timeout,
             http_max_connections, http_max_pending, grpc_max_message_size,
-            grpc_max_concurrent_rpcs, max_instance_count,
+            grpc_max_concurrent_rpcs, grpc_max_stream_pending, max_instance_count,
         ),
         allow_model_file_uploads=_as_bool("--allow-model-file-uploads", allow_model_file_uploads),
         http_restricted_api=list(http_restricted_api or []),
@@ -158,7 +161,7 @@ def serve(
 def _limits(
     max_input: str, max_header: str, header_timeout: float, idle_timeout: float,
     max_connections: int, max_pending: int, grpc_max_message: str, grpc_max_rpcs: int,
-    max_instances: int,
+    grpc_stream_pending: int, max_instances: int,
 ):  # fmt: skip
     from analyzer.worker.limits import Limits, parse_size
 
@@ -182,6 +185,9 @@ def _limits(
         max_pending_per_connection=int(positive("--http-max-pending", max_pending)),
         grpc_max_message_bytes=size("--grpc-max-message-size", grpc_max_message),
         grpc_max_concurrent_rpcs=int(positive("--grpc-max-concurrent-rpcs", grpc_max_rpcs)),
+        grpc_max_stream_pending=int(
+            positive("--grpc-max-stream-pending", grpc_stream_pending)
+        ),
         max_instance_count=int(positive("--max-instance-count", max_instances)),
     )
 

@@ -107,7 +107,7 @@ class GrpcServer:
             maximum_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
         )
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceService(self.manager, self.api, self.restrictions), self.server
+            InferenceService(self.manager, self.api, self.restrictions, self.limits), self.server
         )
         try:
             port = self.server.add_insecure_port(f"{self.host}:{self.port}")
@@ -130,9 +130,16 @@ class GrpcServer:
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC first checks its restricted-API category (Triton's), then the model name."""
 
-    def __init__(self, manager: ModelManager, api, restrictions: Restrictions | None = None):
+    def __init__(
+        self,
+        manager: ModelManager,
+        api,
+        restrictions: Restrictions | None = None,
+        limits: Limits | None = None,
+    ):
         self.manager = manager
         self.api = api
+        self.limits = limits or Limits()
         self.restrictions = restrictions or Restrictions()
         self._rules = self.restrictions.rules
         meta = server_metadata(__version__)
@@ -280,10 +287,20 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 response = _stream_error(request, f"internal error: {type(err).__name__}: {err}")
             await queue.put(response)
 
+        # a client that streams requests without reading the answers is held back here, not
+        # by the worker's memory
+        room = asyncio.Semaphore(self.limits.grpc_max_stream_pending)
+
         async def read() -> None:
             nonlocal pending, reading
             try:
-                async for request in request_iterator:
+                requests = aiter(request_iterator)
+                while True:
+                    await room.acquire()
+                    try:
+                        request = await anext(requests)
+                    except StopAsyncIteration:
+                        break
                     pending += 1
                     task = asyncio.ensure_future(answer(request))
                     answers.add(task)
@@ -300,6 +317,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     continue
                 pending -= 1
                 yield item
+                room.release()
         finally:
             # the client went away or the stream ended: queued requests are cancelled with it
             reader.cancel()

@@ -35,6 +35,9 @@ class Limits:
     # gRPC: the largest message either way (after decompression) and RPCs served at once
     grpc_max_message_bytes: int = 64 * MIB
     grpc_max_concurrent_rpcs: int = 4096
+    # requests one ModelStreamInfer stream may have unanswered; reading the stream pauses beyond
+    # it (HTTP/2 flow control then holds the client back)
+    grpc_max_stream_pending: int = 1024
     # model instances one model version may ask for (instance_group counts x GPUs)
     max_instance_count: int = 64
 
