@@ -91,6 +91,10 @@ def serve(
     http_max_input_size: Annotated[
         str, typer.Option(help="Largest request body, also once inflated (413 beyond).")
     ] = "64MB",
+    http_max_buffered_size: Annotated[
+        str, typer.Option(help="Request bodies still arriving, all connections together "
+                          "(503 beyond).")
+    ] = "1GB",
     http_max_header_size: Annotated[
         str, typer.Option(help="Largest request line plus headers (431 beyond).")
     ] = "64KB",
@@ -146,7 +150,8 @@ def serve(
         exit_on_error=_as_bool("--exit-on-error", exit_on_error),
         exit_on_stdin_eof=exit_on_stdin_eof,
         limits=_limits(
-            http_max_input_size, http_max_header_size, http_header_timeout, http_idle_timeout,
+            http_max_input_size, http_max_buffered_size, http_max_header_size,
+            http_header_timeout, http_idle_timeout,
             http_max_connections, http_max_pending, grpc_max_message_size,
             grpc_max_concurrent_rpcs, grpc_max_stream_pending, max_instance_count,
         ),
@@ -159,7 +164,8 @@ def serve(
 
 
 def _limits(
-    max_input: str, max_header: str, header_timeout: float, idle_timeout: float,
+    max_input: str, max_buffered: str, max_header: str, header_timeout: float,
+    idle_timeout: float,
     max_connections: int, max_pending: int, grpc_max_message: str, grpc_max_rpcs: int,
     grpc_stream_pending: int, max_instances: int,
 ):  # fmt: skip
@@ -178,6 +184,7 @@ def _limits(
 
     return Limits(
         max_input_bytes=size("--http-max-input-size", max_input),
+        max_buffered_bytes=size("--http-max-buffered-size", max_buffered),
         max_header_bytes=size("--http-max-header-size", max_header),
         header_timeout_s=positive("--http-header-timeout", header_timeout),
         idle_timeout_s=positive("--http-idle-timeout", idle_timeout),

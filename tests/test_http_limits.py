@@ -705,3 +705,25 @@ def test_head_cap_counts_heads_in_one_chunk_and_across_chunks():
     assert b"431 Request Header Fields Too Large" in big and b"limit of 1024 bytes" in big
     assert b"431 Request Header Fields Too Large" in dripped
     assert "/big" not in seen and "/drip" not in seen
+
+
+def test_half_sent_bodies_together_stay_within_the_buffered_budget():
+    """Each body is under the per-request cap, but together they would exceed the budget."""
+    with worker(EXAMPLES, "--http-max-input-size=4MB", "--http-max-buffered-size=8MB") as s:
+        head = request_bytes("POST", ADD_SUB, b"")[: -len(b"Content-Length: 0\r\n\r\n")]
+        head += f"Content-Length: {4 * MIB}\r\n\r\n".encode()
+        conns = [Raw(s.http) for _ in range(3)]
+        try:
+            for conn in conns[:2]:  # 7 MiB held: under the budget
+                conn.send(head + bytes(int(3.5 * MIB)))
+            time.sleep(0.5)  # let the worker read them
+            conns[2].send(head)
+            conns[2].sock.sendall(bytes(int(3.5 * MIB)))  # would hold 10.5 MiB
+            status, _, body = conns[2].response()
+            assert status == 503 and "--http-max-buffered-size" in error_of(body)
+            assert_serves(s)  # a small request still fits
+            conns[0].send(bytes(MIB // 2))  # the first body completes: a 400 (not JSON), once
+            assert conns[0].response()[0] == 400
+        finally:
+            for conn in conns:
+                conn.close()

@@ -79,7 +79,7 @@ class _Stop(Exception):
 class _Server:
     """What the connections of one listening socket share: the limits and who is open."""
 
-    __slots__ = ("limits", "loop", "open", "tick")
+    __slots__ = ("limits", "loop", "open", "tick", "held", "budget")
 
     def __init__(self, limits: Limits, loop: asyncio.AbstractEventLoop):
         self.limits = limits
@@ -88,6 +88,10 @@ class _Server:
         # one timer period serves both clocks: a request that starts mid-period is still caught
         # at its own deadline, because the timer re-arms to that deadline
         self.tick = min(limits.header_timeout_s, limits.idle_timeout_s)
+        # bytes of request bodies still arriving, over all connections: many half-sent bodies
+        # each under the body cap must not add up to more memory than the machine has
+        self.held = 0
+        self.budget = limits.max_buffered_bytes
 
     def admit(self, conn: _Protocol) -> bool:
         """At the cap, the longest-stalled half-sent connection makes room; else no room."""
@@ -113,7 +117,7 @@ class _Protocol(asyncio.Protocol):
         "closing", "refused", "lingering", "paused", "receiving", "in_head", "measure", "count",
         "began", "idle_count", "idle_since", "raw_head", "raw_count", "body_bytes", "encoded",
         "inflater", "inflated", "bad", "timer", "waiting", "releasing", "head_cap", "body_cap",
-        "pending_cap", "length_digits",
+        "pending_cap", "length_digits", "held",
     )  # fmt: skip
 
     def __init__(self, handler: Handler, server: _Server):
@@ -125,6 +129,7 @@ class _Protocol(asyncio.Protocol):
         self.body_cap = limits.max_input_bytes
         self.pending_cap = limits.max_pending_per_connection
         self.length_digits = len(str(limits.max_input_bytes))  # fewer: surely under the cap
+        self.held = 0  # bytes of the body being received, counted in the server's budget
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
@@ -175,6 +180,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.open.discard(self)
+        self._let_go()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -267,9 +273,12 @@ class _Protocol(asyncio.Protocol):
             self._encoded_body(body)
         else:
             self.body.append(body)
+            self._hold(len(body))
 
     def on_message_complete(self) -> None:
         self.receiving = False
+        if self.held:
+            self._let_go()  # handed over: from here the model's queue bounds it
         body: bytes = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
         if not self.parser.should_keep_alive():
@@ -343,6 +352,20 @@ class _Protocol(asyncio.Protocol):
         self._refuse(413, f"{what} exceeds the limit of {cap} bytes (--http-max-input-size)")
         raise _Stop
 
+    def _hold(self, n: int) -> None:
+        server = self.server
+        server.held += n
+        self.held += n
+        if server.held > server.budget:
+            budget = server.budget
+            self._refuse(503, f"the server holds {budget} bytes of request bodies still arriving "
+                              "(--http-max-buffered-size); retry later")  # fmt: skip
+            raise _Stop
+
+    def _let_go(self) -> None:
+        self.server.held -= self.held
+        self.held = 0
+
     def _expect(self, value: str) -> None:
         if value.strip().lower() != "100-continue":
             self._refuse(417, f"unsupported Expect '{value}': only 100-continue is known")
@@ -382,6 +405,7 @@ class _Protocol(asyncio.Protocol):
             self._refuse_body("inflated request body")
         if out:
             self.body.append(out)
+            self._hold(len(out))
 
     def _finish_inflating(self, body: bytes) -> bytes:
         inflater, self.inflater = self.inflater, None
@@ -423,6 +447,7 @@ class _Protocol(asyncio.Protocol):
         """Answer the request being received with an error, after the answers owed before it,
         then close: what the client still sends is not parsed."""
         self.refused = self.closing = True
+        self._let_go()
         self.receiving = self.in_head = False
         self.inflater = None
         self.encoded = False

@@ -19,6 +19,8 @@ class Limits:
     # HTTP: Triton's --http-max-input-size (64 MiB) caps Content-Length, chunked bodies and the
     # inflated size of a compressed body alike; beyond it the answer is 413.
     max_input_bytes: int = 64 * MIB
+    # bytes of request bodies still arriving, all connections together; beyond it 503
+    max_buffered_bytes: int = 1 << 30
     # request line + headers; beyond it 431 (headers) or 414 (URL)
     max_header_bytes: int = 64 * 1024
     # a request must arrive whole (headers and body) this long after its first byte
