@@ -424,6 +424,10 @@ class _Protocol(asyncio.Protocol):
         if slot[0] is not None:
             return  # answered already: each request gets exactly one response
         slot[0] = response
+        # answered: let go of the request. It holds its hooks, a hook holds the model's request,
+        # whose callback holds this slot -- a reference cycle that only the garbage collector
+        # would free, keeping every request's body alive until it ran (and paying for the runs)
+        slot[1] = None
         self._flush()
 
     def _flush(self) -> None:
