@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import gzip
 import json
 import resource
@@ -727,3 +728,45 @@ def test_half_sent_bodies_together_stay_within_the_buffered_budget():
         finally:
             for conn in conns:
                 conn.close()
+
+
+def test_an_answered_request_is_freed_without_the_garbage_collector():
+    """The protocol layer ties request, disconnect hook and answer callback together as the
+    worker's REST API does; once answered nothing may keep them in a reference cycle (each
+    would hold its request body until a collection ran, and the collections cost the hot
+    path)."""
+
+    class Queued:  # stands for the model's request: its callback answers, its hook cancels
+        def __init__(self, respond):
+            self.respond = respond
+
+        def cancel(self) -> None:
+            pass
+
+    def handler(request: HttpRequest, respond) -> None:
+        queued = Queued(respond)
+        request.on_disconnect(queued.cancel)
+        queued.respond(HttpResponse(200, [b"{}"]))
+
+    def live_requests() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is HttpRequest)
+
+    async def run() -> None:
+        server, port = await _serve(handler)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            for _ in range(50):
+                writer.write(request_bytes("GET", "/x"))
+                await reader.readuntil(b"{}")
+            writer.close()
+        finally:
+            server.close()
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = live_requests()
+        asyncio.run(run())
+        assert live_requests() - before == 0
+    finally:
+        gc.enable()
