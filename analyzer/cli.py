@@ -114,7 +114,9 @@ def serve(
         str, typer.Option(help="Largest gRPC message either way, after decompression.")
     ] = "64MB",
     grpc_max_concurrent_rpcs: Annotated[
-        int, typer.Option(help="gRPC calls served at once (RESOURCE_EXHAUSTED beyond).")
+        int, typer.Option(help="gRPC calls served at once over all connections (RESOURCE_EXHAUSTED "
+                         "beyond); also each connection's HTTP/2 stream limit, so one client's "
+                         "extra calls wait in that client.")
     ] = 4096,
     grpc_max_stream_pending: Annotated[
         int, typer.Option(help="Unanswered requests of one gRPC stream before reading it pauses.")

@@ -405,6 +405,7 @@ def test_bytes_claims_beyond_the_payload_are_refused_before_allocating(worker, c
     wide.inputs.add(name="INPUT0", datatype="FP32", shape=[1 << 62, 4])
     for request in (contents, raw, wide):
         assert grpc_code(stub.ModelInfer, request) == grpc.StatusCode.INVALID_ARGUMENT
+    print(f"peak worker RSS {peak_rss(pid) / MIB:.0f} MiB")  # shown with -s
     assert peak_rss(pid) < 1024 * MIB, f"peak RSS {peak_rss(pid) / MIB:.0f} MiB"
     assert_serves(conn, stub)
 

@@ -217,6 +217,7 @@ def test_3gib_chunked_body_is_refused_with_bounded_memory(served):
     status, _, body = response
     assert status == 413 and "exceeds the limit of 67108864 bytes" in error_of(body)
     assert sent < GIB  # refused at the cap, not after reading it all
+    print(f"peak worker RSS {rss.peak / MIB:.0f} MiB")  # shown with -s: the figure behind the bound
     assert rss.peak < GIB, f"worker RSS reached {rss.peak / MIB:.0f} MiB"
     assert_serves(served)
 
@@ -243,6 +244,7 @@ def test_1gib_gzip_bomb_is_refused_with_bounded_memory(served, gzip_bomb):
     assert response is not None, "no answer to the gzip bomb"
     status, _, body = response
     assert status == 413 and "inflated request body exceeds" in error_of(body)
+    print(f"peak worker RSS {rss.peak / MIB:.0f} MiB")  # shown with -s: the figure behind the bound
     assert rss.peak < GIB, f"worker RSS reached {rss.peak / MIB:.0f} MiB"
     assert_serves(served)
 
