@@ -1,13 +1,13 @@
-"""Triton's `inference.GRPCInferenceService` over grpc.aio, on its own event loop and thread.
+"""Triton's `inference.GRPCInferenceService`: the calls, written as grpc.aio-style coroutines.
 
-The main loop is uvloop (HTTP); grpc.aio keeps a standard asyncio loop on a daemon thread. Both
-protocols share the ModelManager, so validation, scheduling, statistics and errors are the same.
+`grpc_core.CoreGrpcServer` serves them: ModelInfer through `prepare`/`encode` on its poller
+thread, the rest on an asyncio loop thread. HTTP and gRPC share the ModelManager, so validation,
+scheduling, statistics and errors are the same.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Any
 
@@ -33,7 +33,6 @@ from analyzer.worker.names import check_model_name
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
 
-_MAX_METADATA_BYTES = 64 * 1024  # request metadata (headers): a key and a few short values
 # InferTensorContents field holding each datatype's values when raw contents are not used.
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
@@ -64,67 +63,6 @@ def _load_params(request: pb.RepositoryModelLoadRequest) -> tuple[str | None, di
                 raise InferError(f"load parameter '{key}' must be a bytes_param")
             files[key] = value
     return config, files
-
-
-class GrpcServer:
-    """Start/stop wrapper: `start()` returns the bound port once the server is serving."""
-
-    def __init__(
-        self,
-        manager: ModelManager,
-        api,
-        host: str,
-        port: int,
-        limits: Limits | None = None,
-        restrictions: Restrictions | None = None,
-    ):
-        self.limits = limits or Limits()
-        self.restrictions = restrictions or Restrictions()
-        self.manager = manager
-        self.api = api
-        self.host = host
-        self.port = port
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="grpc", daemon=True)
-        self.server: grpc.aio.Server | None = None
-
-    def start(self) -> int:
-        self.thread.start()
-        future = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
-        return future.result(timeout=30)
-
-    async def _start(self) -> int:
-        limits = self.limits
-        # The receive cap applies to the decompressed size, so a gzip bomb stops at the cap.
-        self.server = grpc.aio.server(
-            options=[
-                ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
-                ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
-                ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_rpcs),
-                ("grpc.max_metadata_size", _MAX_METADATA_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
-            maximum_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
-        )
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceService(self.manager, self.api, self.restrictions, self.limits), self.server
-        )
-        try:
-            port = self.server.add_insecure_port(f"{self.host}:{self.port}")
-        except RuntimeError as err:
-            raise OSError(f"gRPC port {self.port} cannot be bound: {err}") from None
-        if port == 0:
-            raise OSError(f"gRPC port {self.port} on {self.host} cannot be bound")
-        await self.server.start()
-        return port
-
-    def stop(self) -> None:
-        if self.server is not None and self.thread.is_alive():
-            done = asyncio.run_coroutine_threadsafe(self.server.stop(1.0), self.loop)
-            done.result(timeout=10)
-        if self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -260,13 +198,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
     # -- inference ------------------------------------------------------------------------------
-    async def ModelInfer(self, request, context):
-        await self._allow("inference", context)
-        try:
-            return await self._infer(request)
-        except InferError as err:
-            await context.abort(err.status.grpc, err.message)
-
     async def ModelStreamInfer(self, request_iterator, context):
         """Each request gets one response message, an error one included, in completion order."""
         await self._allow("inference", context)
@@ -324,7 +255,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(answers):
                 task.cancel()
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    def prepare(self, request: pb.ModelInferRequest, on_done) -> tuple[Any, InferRequest]:
+        """The model and the validated request to submit; InferError for anything malformed."""
         arrival = time.perf_counter_ns()
         check_model_name(request.model_name)
         model = self.manager.get(request.model_name, request.model_version)
@@ -335,7 +267,35 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as err:  # a malformed request must not reach the client as UNKNOWN
             raise InferError(f"malformed inference request: {err}") from None
         params = {k: _param_value(v) for k, v in request.parameters.items()}
+        return model, InferRequest(
+            model_name=request.model_name,
+            inputs=inputs,
+            wire_types=wire_types,
+            requested_outputs=[o.name for o in request.outputs] or None,
+            on_done=on_done,
+            id=request.id,
+            parameters=params,
+            arrival_ns=arrival,
+            priority=natural_param(params, "priority"),
+            timeout_us=natural_param(params, "timeout"),
+            correlation_id=sequence_param(params),
+        )
+
+    @staticmethod
+    def encode(model, request: pb.ModelInferRequest, outputs: dict) -> pb.ModelInferResponse:
         requested = [o.name for o in request.outputs] or None
+        try:
+            return _encode_outputs(model, request.id, outputs, requested)
+        except InferError:
+            raise
+        except Exception as err:  # the model's fault, but the client still gets an answer
+            raise InferError(
+                f"model '{model.name}' returned outputs that cannot be sent: {err}",
+                Status.INTERNAL,
+            ) from None
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """One request of a stream, answered through the loop this coroutine runs on."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
@@ -349,38 +309,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         def on_done(outputs, error) -> None:
             loop.call_soon_threadsafe(settle, outputs, error)
 
-        infer_request = InferRequest(
-            model_name=request.model_name,
-            inputs=inputs,
-            wire_types=wire_types,
-            requested_outputs=requested,
-            on_done=on_done,
-            id=request.id,
-            parameters=params,
-            arrival_ns=arrival,
-            priority=natural_param(params, "priority"),
-            timeout_us=natural_param(params, "timeout"),
-            correlation_id=sequence_param(params),
-        )
+        model, infer_request = self.prepare(request, on_done)
         model.submit(infer_request)
         try:
             outputs = await future
-        except asyncio.CancelledError:  # the call was cancelled or its deadline passed
+        except asyncio.CancelledError:  # the stream ended or its client left
             infer_request.cancel()
             raise
         except InferError:
             raise
         except Exception as err:
             raise InferError(str(err), Status.INTERNAL) from None
-        try:
-            return _encode_outputs(model, request.id, outputs, requested)
-        except InferError:
-            raise
-        except Exception as err:  # the model's fault, but the client still gets an answer
-            raise InferError(
-                f"model '{model.name}' returned outputs that cannot be sent: {err}",
-                Status.INTERNAL,
-            ) from None
+        return self.encode(model, request, outputs)
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:

@@ -1,7 +1,8 @@
 """`model-analyzer serve`: the worker process — HTTP, gRPC and metrics endpoints over one manager.
 
-HTTP runs on the main uvloop event loop; gRPC and metrics each run their own asyncio loop on a
-thread (grpc.aio and uvloop do not share a loop; a scrape must not wait behind inference work).
+HTTP runs on the main uvloop event loop; gRPC on a thread polling grpcio's completion queue (its
+non-inference calls on an asyncio loop thread), metrics on their own thread (a scrape must not
+wait behind inference work).
 Model instances run on their own threads/processes. SIGINT/SIGTERM stop accepting work and
 finalize every model, within `exit_timeout_s`: python model processes still busy after two thirds
 of it are killed, and at the limit the process exits whatever is left.
@@ -103,9 +104,9 @@ class Worker:
                 )  # fmt: skip
                 self.ports["metrics"] = await loop.run_in_executor(None, self.metrics.start)
             if opts.allow_grpc:
-                from analyzer.worker.grpc import GrpcServer
+                from analyzer.worker.grpc_core import CoreGrpcServer
 
-                self.grpc = GrpcServer(
+                self.grpc = CoreGrpcServer(
                     self.manager, self.api, opts.host, opts.grpc_port,
                     limits=opts.limits, restrictions=grpc_rules,
                 )  # fmt: skip

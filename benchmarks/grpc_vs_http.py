@@ -1,0 +1,86 @@
+"""gRPC vs HTTP through our worker: NVIDIA perf_analyzer over both protocols, alternating rounds.
+
+    .venv/bin/python benchmarks/grpc_vs_http.py [--rounds 5] [--concurrency 1,4,16]
+
+One worker serves the bundled examples (add_sub: python backend, dynamic batching; tiny_cnn:
+TorchScript, client batch 1) pinned to core 1; perf_analyzer runs on core 0
+(../shared/BENCHMARKING.md). Every round measures each model and concurrency over HTTP, over gRPC
+and over HTTP again, in a rotating order; the second HTTP point gives the A/A floor the gRPC/HTTP
+ratio is read against. Reported per model and concurrency: infer/s medians, gRPC/HTTP and
+HTTP/HTTP-again as median (min-max) over rounds, and p99 latency medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from serving import EXAMPLES, start_worker  # noqa: E402
+
+PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
+SERVER_CPU, CLIENT_CPU = "1", "0"
+MODELS = ("add_sub", "tiny_cnn")
+LEGS = ("http", "grpc", "http-again")
+
+
+def measure(worker, model: str, leg: str, concurrency: int, window_ms: int, out: Path):
+    """perf_analyzer's throughput and p99 (µs) for one point."""
+    protocol = leg.split("-")[0]
+    address = worker.http if protocol == "http" else worker.grpc
+    cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", address,
+           "-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms),
+           "-s", "50", "-f", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(run.stdout + run.stderr)
+    with out.open() as f:
+        row = next(csv.DictReader(f))
+    return float(row["Inferences/Second"]), float(row["p99 latency"])
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--window-ms", type=int, default=2000)
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    models = args.models.split(",")
+    out = Path(tempfile.mkdtemp(prefix="grpc-vs-http-")) / "point.csv"
+    worker = start_worker(EXAMPLES, cpus=SERVER_CPU)
+    try:
+        for model in models:
+            for c in levels:
+                for leg in LEGS:  # warm-up: connections, model, allocator
+                    measure(worker, model, leg, c, 1000, out)
+                got: dict[str, list[tuple[float, float]]] = {leg: [] for leg in LEGS}
+                for i in range(args.rounds):
+                    for leg in LEGS[i % 3:] + LEGS[: i % 3]:
+                        got[leg].append(measure(worker, model, leg, c, args.window_ms, out))
+                rate = {leg: [t for t, _ in got[leg]] for leg in LEGS}
+                p99 = {leg: statistics.median(p for _, p in got[leg]) for leg in LEGS}
+                grpc_http = [g / h for g, h in zip(rate["grpc"], rate["http"], strict=True)]
+                floor = [a / b for a, b in zip(rate["http-again"], rate["http"], strict=True)]
+                medians = ", ".join(f"{leg} {statistics.median(rate[leg]):.0f}" for leg in LEGS)
+                print(f"{model:>8} c={c:<3} gRPC/HTTP {spread(grpc_http)}; A/A HTTP-again/HTTP "
+                      f"{spread(floor)}; infer/s medians: {medians}; p99 µs medians: "
+                      f"http {p99['http']:.0f}, grpc {p99['grpc']:.0f}", flush=True)  # fmt: skip
+    finally:
+        worker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
