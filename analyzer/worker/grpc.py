@@ -85,12 +85,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
+    def refusal(self, category: str, metadata) -> str | None:
+        """Why a call of `category` with this invocation metadata is refused, or None."""
+        if category not in self._rules:  # the metadata is only read when it matters
+            return None
+        text = {k: v for k, v in metadata or () if isinstance(v, str)}
+        return self.restrictions.check(category, text)
+
     async def _allow(self, category: str, context) -> None:
         """Triton answers a restricted call without its metadata key UNAVAILABLE."""
-        if category not in self._rules:  # the metadata is only read when it matters
-            return
-        metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-        message = self.restrictions.check(category, metadata)
+        message = self.refusal(category, context.invocation_metadata())
         if message is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, message)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -105,15 +106,15 @@ class _Context:
 
 
 class _Call:
-    """One call's state; `answered` and `cancelled` guard against a second status."""
+    """One call's state: `answered` keeps a second status from being sent; `cancel` withdraws
+    the queued request when the client leaves."""
 
-    __slots__ = ("call", "metadata", "answered", "cancel", "task")
+    __slots__ = ("call", "metadata", "answered", "cancel")
 
     def __init__(self, call, metadata) -> None:
         self.call, self.metadata = call, metadata
         self.answered = False
         self.cancel: Callable[[], None] | None = None
-        self.task: Any = None
 
 
 class CoreGrpcServer:
@@ -191,8 +192,6 @@ class CoreGrpcServer:
                 elif tag is not None:
                     tag(event)
             except Exception:  # a bug in one call must not stop the front end
-                import traceback
-
                 traceback.print_exc()
             event = None  # drop the call's reference before waiting again
 
@@ -215,7 +214,7 @@ class CoreGrpcServer:
         call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(0),),
                                 lambda e: self._closed(state, e))  # fmt: skip
         if method == _STREAM:
-            state.task = asyncio.run_coroutine_threadsafe(self._stream(state), self.loop)
+            asyncio.run_coroutine_threadsafe(self._stream(state), self.loop)
             return
         handler = self._infer if method == _INFER else self._unary(method)
         call.start_server_batch((cygrpc.ReceiveMessageOperation(0),),
@@ -244,11 +243,10 @@ class CoreGrpcServer:
             self._error(state, grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
             return
         service = self.service
-        if "inference" in service._rules:
-            message = service.restrictions.check("inference", _text_metadata(state.metadata))
-            if message is not None:
-                self._error(state, grpc.StatusCode.UNAVAILABLE, message)
-                return
+        message = service.refusal("inference", state.metadata)
+        if message is not None:
+            self._error(state, grpc.StatusCode.UNAVAILABLE, message)
+            return
 
         def on_done(outputs, error) -> None:  # on the thread that finished the batch
             if state.answered:
@@ -349,10 +347,6 @@ def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value) -> N
             future.set_result(value)
 
     loop.call_soon_threadsafe(set_value)
-
-
-def _text_metadata(metadata) -> dict[str, str]:
-    return {k: v for k, v in (metadata or ()) if isinstance(v, str)}
 
 
 class _StreamReader:
