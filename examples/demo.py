@@ -34,7 +34,6 @@ COMMAND = [
     "--run-config-search-max-concurrency", "4",
     "--run-config-search-max-model-batch-size", "4",
     "--run-config-search-max-instance-count", "2",
-    "--client-protocol", "http",
     "--measurement-interval", "500",
 ]  # fmt: skip
 

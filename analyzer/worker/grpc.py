@@ -1,7 +1,7 @@
 """Triton's `inference.GRPCInferenceService`: the calls, written as grpc.aio-style coroutines.
 
-`grpc_core.CoreGrpcServer` serves them: ModelInfer through `prepare`/`encode` on its poller
-thread, the rest on an asyncio loop thread. HTTP and gRPC share the ModelManager, so validation,
+`grpc_server.GrpcServer` serves them on the worker's event loop: ModelInfer through
+`prepare`/`encode`, the rest as coroutines. HTTP and gRPC share the ModelManager, so validation,
 scheduling, statistics and errors are the same.
 """
 

@@ -1,7 +1,7 @@
 """`model-analyzer serve`: the worker process — HTTP, gRPC and metrics endpoints over one manager.
 
-HTTP runs on the main uvloop event loop; gRPC on a thread polling grpcio's completion queue (its
-non-inference calls on an asyncio loop thread), metrics on their own thread (a scrape must not
+HTTP and gRPC (our own HTTP/2 transport, grpc_server.py) run on the main uvloop event loop,
+metrics on their own thread (a scrape must not
 wait behind inference work).
 Model instances run on their own threads/processes. SIGINT/SIGTERM stop accepting work and
 finalize every model, within `exit_timeout_s`: python model processes still busy after two thirds
@@ -104,13 +104,13 @@ class Worker:
                 )  # fmt: skip
                 self.ports["metrics"] = await loop.run_in_executor(None, self.metrics.start)
             if opts.allow_grpc:
-                from analyzer.worker.grpc_core import CoreGrpcServer
+                from analyzer.worker.grpc_server import GrpcServer
 
-                self.grpc = CoreGrpcServer(
+                self.grpc = GrpcServer(
                     self.manager, self.api, opts.host, opts.grpc_port,
                     limits=opts.limits, restrictions=grpc_rules,
                 )  # fmt: skip
-                self.ports["grpc"] = self.grpc.start()
+                self.ports["grpc"] = await self.grpc.start()
         except OSError as err:
             await self.stop()
             raise StartupError(f"cannot listen on {opts.host}: {err.strerror or err}") from None
@@ -136,7 +136,7 @@ class Worker:
         if self.metrics is not None:
             self.metrics.stop()
         if self.grpc is not None:
-            self.grpc.stop()
+            await self.grpc.stop()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.manager.shutdown)
         for server in self.servers:

@@ -1,0 +1,257 @@
+"""The worker's own HTTP/2 transport for gRPC, frame by frame: what grpcio's clients never send.
+
+tritonclient and perf_analyzer cover the calls; here a raw socket checks flow control both ways,
+CONTINUATION, padding, PING, SETTINGS, RST_STREAM and protocol violations.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+from hpack import Decoder, Encoder
+from serving import EXAMPLES, start_worker
+from tritonclient.grpc import service_pb2 as pb
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
+    0, 1, 3, 4, 6, 7, 8, 9,
+)  # fmt: skip
+END_STREAM, END_HEADERS, PADDED = 0x1, 0x4, 0x8
+
+
+@pytest.fixture(scope="module")
+def worker():
+    served = start_worker(EXAMPLES)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    head = struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream)
+    return head + payload
+
+
+class Peer:
+    """A bare HTTP/2 client: sends frames, reads frames, decodes header blocks."""
+
+    def __init__(self, address: str, settings: dict[int, int] | None = None) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.encoder, self.decoder = Encoder(), Decoder()
+        self.buf = b""
+        body = b"".join(struct.pack(">HI", k, v) for k, v in (settings or {}).items())
+        self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0, body))
+
+    def send(self, *frames: bytes) -> None:
+        self.sock.sendall(b"".join(frames))
+
+    def read(self) -> tuple[int, int, int, bytes] | None:
+        while len(self.buf) < 9 or len(self.buf) < 9 + int.from_bytes(self.buf[:3], "big"):
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+        n = int.from_bytes(self.buf[:3], "big")
+        kind, flags = self.buf[3], self.buf[4]
+        stream = struct.unpack(">I", self.buf[5:9])[0] & 0x7FFFFFFF
+        payload, self.buf = self.buf[9 : 9 + n], self.buf[9 + n :]
+        if kind == HEADERS:
+            payload = dict(self.decoder.decode(payload, raw=True))  # type: ignore[assignment]
+        return kind, flags, stream, payload
+
+    def until(self, wanted, limit: float = 10):
+        """Frames up to and including the first one `wanted(frame)` accepts."""
+        seen, end = [], time.monotonic() + limit
+        while time.monotonic() < end:
+            got = self.read()
+            if got is None:
+                break
+            seen.append(got)
+            if wanted(got):
+                return seen
+        raise AssertionError(f"not seen; got {[(f[0], f[1], f[2]) for f in seen]}")
+
+    def request_headers(self, method: str = "ModelInfer", extra=()) -> bytes:
+        return self.encoder.encode([
+            (":method", "POST"), (":scheme", "http"),
+            (":path", f"/inference.GRPCInferenceService/{method}"),
+            (":authority", "localhost"), ("te", "trailers"),
+            ("content-type", "application/grpc"), *extra,
+        ])  # fmt: skip
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def add_sub_message() -> bytes:
+    request = pb.ModelInferRequest(model_name="add_sub", id="raw")
+    for name, value in (("INPUT0", 3.0), ("INPUT1", 1.0)):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 4])
+        request.raw_input_contents.append(np.full(4, value, np.float32).tobytes())
+    body = request.SerializeToString()
+    return b"\x00" + struct.pack(">I", len(body)) + body
+
+
+def ends(stream: int):
+    return lambda f: f[2] == stream and f[0] in (HEADERS, RST_STREAM) and f[1] & END_STREAM
+
+
+def answer(frames: list, stream: int) -> tuple[pb.ModelInferResponse | None, dict]:
+    data = b"".join(f[3] for f in frames if f[0] == DATA and f[2] == stream)
+    trailers = [f[3] for f in frames if f[0] == HEADERS and f[2] == stream][-1]
+    if not data:
+        return None, trailers
+    assert data[0] == 0 and int.from_bytes(data[1:5], "big") == len(data) - 5
+    return pb.ModelInferResponse.FromString(data[5:]), trailers
+
+
+def check_add_sub(response: pb.ModelInferResponse) -> None:
+    pairs = zip(response.outputs, response.raw_output_contents, strict=True)
+    out = {o.name: np.frombuffer(raw, np.float32) for o, raw in pairs}
+    assert out["OUTPUT0"].tolist() == [4.0] * 4 and out["OUTPUT1"].tolist() == [2.0] * 4
+
+
+def test_ping_and_settings_are_acknowledged(worker):
+    peer = Peer(worker.grpc)
+    try:
+        peer.send(frame(PING, 0, 0, b"12345678"))
+        frames = peer.until(lambda f: f[0] == PING)
+        assert frames[-1][1] == 1 and frames[-1][3] == b"12345678"
+        assert any(f[0] == SETTINGS and f[1] == 1 for f in frames) or peer.until(
+            lambda f: f[0] == SETTINGS and f[1] == 1
+        )
+    finally:
+        peer.close()
+
+
+def test_headers_in_continuations_and_a_message_in_padded_pieces(worker):
+    peer = Peer(worker.grpc)
+    try:
+        block, message = peer.request_headers(), add_sub_message()
+        half = len(block) // 2
+        pieces = [message[i : i + 7] for i in range(0, len(message), 7)]
+        frames = [frame(HEADERS, 0, 1, block[:half]),
+                  frame(CONTINUATION, END_HEADERS, 1, block[half:])]  # fmt: skip
+        for i, piece in enumerate(pieces):
+            last = END_STREAM if i == len(pieces) - 1 else 0
+            frames.append(frame(DATA, PADDED | last, 1, b"\x03" + piece + b"\x00\x00\x00"))
+        peer.send(*frames)
+        response, trailers = answer(peer.until(ends(1)), 1)
+        assert trailers[b"grpc-status"] == b"0"
+        check_add_sub(response)
+    finally:
+        peer.close()
+
+
+def test_answers_wait_for_the_clients_flow_control_window(worker):
+    peer = Peer(worker.grpc, {4: 10})  # SETTINGS_INITIAL_WINDOW_SIZE: 10 bytes per stream
+    try:
+        peer.send(frame(HEADERS, END_HEADERS, 1, peer.request_headers()),
+                  frame(DATA, END_STREAM, 1, add_sub_message()))  # fmt: skip
+        got = peer.until(lambda f: f[0] == DATA and f[2] == 1)
+        assert len(got[-1][3]) == 10, "no more DATA than the window allows"
+        peer.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # nothing else until the window opens
+            peer.read()
+        peer.sock.settimeout(10)
+        peer.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 1 << 20)))
+        response, trailers = answer(got + peer.until(ends(1)), 1)
+        assert trailers[b"grpc-status"] == b"0"
+        check_add_sub(response)
+    finally:
+        peer.close()
+
+
+def test_a_smaller_header_table_is_announced_before_the_next_block(worker):
+    peer = Peer(worker.grpc, {1: 0})  # SETTINGS_HEADER_TABLE_SIZE 0
+    try:
+        peer.decoder.max_allowed_table_size = 0
+        peer.send(frame(HEADERS, END_HEADERS, 1, peer.request_headers()),
+                  frame(DATA, END_STREAM, 1, add_sub_message()))  # fmt: skip
+        response, trailers = answer(peer.until(ends(1)), 1)
+        assert trailers[b"grpc-status"] == b"0"
+        check_add_sub(response)
+    finally:
+        peer.close()
+
+
+def test_errors_are_trailers_only_with_grpc_status(worker):
+    peer = Peer(worker.grpc)
+    try:
+        peer.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, peer.request_headers("Nope")))
+        trailers = peer.until(ends(1))[-1][3]
+        assert trailers[b":status"] == b"200" and trailers[b"grpc-status"] == b"12"  # UNIMPLEMENTED
+        bad = b"\x00" + struct.pack(">I", 3) + b"\xff\xff\xff"
+        peer.send(frame(HEADERS, END_HEADERS, 3, peer.request_headers()),
+                  frame(DATA, END_STREAM, 3, bad))  # fmt: skip
+        trailers = peer.until(ends(3))[-1][3]
+        assert trailers[b"grpc-status"] == b"3"  # INVALID_ARGUMENT
+        assert b"malformed" in trailers[b"grpc-message"]
+        timeout = peer.request_headers(extra=[("grpc-timeout", "x")])
+        message = add_sub_message()
+        peer.send(frame(HEADERS, END_HEADERS, 5, timeout), frame(DATA, END_STREAM, 5, message))
+        assert peer.until(ends(5))[-1][3][b"grpc-status"] == b"13"  # INTERNAL
+    finally:
+        peer.close()
+
+
+def test_a_message_over_the_cap_is_refused_before_it_arrives(tmp_path):
+    served = start_worker(EXAMPLES, "--grpc-max-message-size", "1024")
+    peer = Peer(served.grpc)
+    try:
+        peer.send(frame(HEADERS, END_HEADERS, 1, peer.request_headers()),
+                  frame(DATA, 0, 1, b"\x00" + struct.pack(">I", 1 << 30) + b"x" * 100))  # fmt: skip
+        frames = peer.until(lambda f: f[2] == 1 and f[0] == RST_STREAM)
+        trailers = [f[3] for f in frames if f[0] == HEADERS][-1]
+        assert trailers[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
+        peer.send(frame(HEADERS, END_HEADERS, 3, peer.request_headers()),
+                  frame(DATA, END_STREAM, 3, add_sub_message()))  # fmt: skip
+        response, _ = answer(peer.until(ends(3)), 3)
+        check_add_sub(response)  # the connection still serves
+    finally:
+        peer.close()
+        served.stop()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        frame(HEADERS, END_HEADERS, 2, b"\x82"),  # an even stream id
+        frame(DATA, 0, 99, b"x"),  # a stream never opened
+        frame(HEADERS, 0, 1, b"\x82") + frame(PING, 0, 0, b"12345678"),  # CONTINUATION missing
+        frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 0)),
+        frame(PING, 0, 0, b"1234"),
+        frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff\x0f"),  # an HPACK index out of range
+    ],
+)
+def test_protocol_violations_end_the_connection_with_goaway(worker, bad):
+    peer = Peer(worker.grpc)
+    try:
+        peer.send(bad)
+        assert peer.until(lambda f: f[0] == GOAWAY)[-1][0] == GOAWAY
+    finally:
+        peer.close()
+
+
+def test_not_http2_is_closed(worker):
+    host, port = worker.grpc.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        assert data  # our SETTINGS, then GOAWAY, then the close
+    peer = Peer(worker.grpc)  # and the server goes on
+    try:
+        peer.send(frame(HEADERS, END_HEADERS, 1, peer.request_headers()),
+                  frame(DATA, END_STREAM, 1, add_sub_message()))  # fmt: skip
+        response, _ = answer(peer.until(ends(1)), 1)
+        check_add_sub(response)
+    finally:
+        peer.close()
