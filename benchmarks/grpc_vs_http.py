@@ -30,19 +30,24 @@ MODELS = ("add_sub", "tiny_cnn")
 LEGS = ("http", "grpc", "http-again")
 
 
-def measure(worker, model: str, leg: str, concurrency: int, window_ms: int, out: Path):
-    """perf_analyzer's throughput and p99 (µs) for one point."""
-    protocol = leg.split("-")[0]
-    address = worker.http if protocol == "http" else worker.grpc
+def measure(address: str, model: str, protocol: str, concurrency: int, window_ms: int,
+            out: Path) -> tuple[float, float]:  # fmt: skip
+    """perf_analyzer's throughput and p99 (µs) for one point (vs_kserve.py uses it too)."""
     cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", address,
            "-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms),
            "-s", "50", "-f", str(out)]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
-        raise RuntimeError(run.stdout + run.stderr)
+        raise RuntimeError(f"{' '.join(cmd)}\n{run.stdout}{run.stderr}")
     with out.open() as f:
         row = next(csv.DictReader(f))
     return float(row["Inferences/Second"]), float(row["p99 latency"])
+
+
+def point(worker, model: str, leg: str, concurrency: int, window_ms: int, out: Path):
+    protocol = leg.split("-")[0]
+    address = worker.http if protocol == "http" else worker.grpc
+    return measure(address, model, protocol, concurrency, window_ms, out)
 
 
 def spread(values: list[float]) -> str:
@@ -64,11 +69,11 @@ def main() -> int:
         for model in models:
             for c in levels:
                 for leg in LEGS:  # warm-up: connections, model, allocator
-                    measure(worker, model, leg, c, 1000, out)
+                    point(worker, model, leg, c, 1000, out)
                 got: dict[str, list[tuple[float, float]]] = {leg: [] for leg in LEGS}
                 for i in range(args.rounds):
                     for leg in LEGS[i % 3:] + LEGS[: i % 3]:
-                        got[leg].append(measure(worker, model, leg, c, args.window_ms, out))
+                        got[leg].append(point(worker, model, leg, c, args.window_ms, out))
                 rate = {leg: [t for t, _ in got[leg]] for leg in LEGS}
                 p99 = {leg: statistics.median(p for _, p in got[leg]) for leg in LEGS}
                 grpc_http = [g / h for g, h in zip(rate["grpc"], rate["http"], strict=True)]

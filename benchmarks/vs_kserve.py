@@ -23,7 +23,6 @@ log, traces, the gRPC interceptor's) are turned off: our worker writes none.
 from __future__ import annotations
 
 import argparse
-import csv
 import socket
 import statistics
 import subprocess
@@ -35,12 +34,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from google.protobuf import json_format  # noqa: E402
+from grpc_vs_http import SERVER_CPU, measure, spread  # noqa: E402
 from serving import EXAMPLES, start_worker  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
-
-PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
-SERVER_CPU, CLIENT_CPU = "1", "0"
 
 KSERVE_SERVER = r'''
 import sys, numpy as np, grpc, kserve
@@ -196,23 +194,6 @@ class KServe:
         self.log.close()
 
 
-def measure(address: str, model: str, protocol: str, concurrency: int, window_ms: int,
-            out: Path, shape: str) -> tuple[float, float]:  # fmt: skip
-    cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", address,
-           "-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms),
-           "-s", "50", "-f", str(out), *shape.split()]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}\n{run.stdout}{run.stderr}")
-    with out.open() as f:
-        row = next(csv.DictReader(f))
-    return float(row["Inferences/Second"]), float(row["p99 latency"])
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -239,17 +220,16 @@ def main() -> int:
         }
         legs = list(servers)
         for model in models:
-            shape = ""
             for protocol in args.protocols.split(","):
                 for leg in legs:  # warm-up
                     measure(servers[leg](protocol), model, protocol, args.concurrency, 1000,
-                            tmp / "p.csv", shape)  # fmt: skip
+                            tmp / "p.csv")  # fmt: skip
                 got: dict[str, list[tuple[float, float]]] = {leg: [] for leg in legs}
                 for i in range(args.rounds):
                     for leg in legs[i % 3:] + legs[: i % 3]:
                         got[leg].append(measure(servers[leg](protocol), model, protocol,
                                                 args.concurrency, args.window_ms,
-                                                tmp / "p.csv", shape))  # fmt: skip
+                                                tmp / "p.csv"))  # fmt: skip
                 rate = {leg: [t for t, _ in got[leg]] for leg in legs}
                 p99 = {leg: statistics.median(p for _, p in got[leg]) for leg in legs}
                 ratio = [a / b for a, b in zip(rate["ours"], rate["kserve"], strict=True)]

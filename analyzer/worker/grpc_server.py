@@ -47,7 +47,7 @@ CONTINUATION = 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # error codes
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED = 0, 1, 2, 3, 5
-FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 6, 7, 8, 9, 11
+FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 6, 7, 9, 11
 # settings
 S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE = 1, 2, 3, 4
 S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 5, 6
@@ -181,8 +181,7 @@ class _Inbox:
         self._wake()
 
     def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+        _wake(self.waiter)
 
     def __aiter__(self) -> _Inbox:
         return self
@@ -301,7 +300,6 @@ class _Connection(asyncio.Protocol):
         self.out: list[bytes] = []
         self.flush_pending = False
         self.blocked: set[_Stream] = set()
-        self.reading_paused = False
         self.closing = False
         self.last_active = time.monotonic()
         self.timer: asyncio.TimerHandle | None = None
@@ -341,11 +339,9 @@ class _Connection(asyncio.Protocol):
         self.blocked.clear()
 
     def pause_writing(self) -> None:  # the client does not read: stop reading its requests
-        self.reading_paused = True
         self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        self.reading_paused = False
         if not self.closing:
             self.transport.resume_reading()
 
@@ -670,8 +666,8 @@ class _Connection(asyncio.Protocol):
             return
         if flags & END_STREAM:
             stream.remote_done = True  # no window to give back any more
-        if stream.answered:
-            pass  # refused while the client was still sending: dropped
+        if stream.answered:  # refused while the client was still sending: dropped
+            pass
         elif stream.inbox is None:  # a unary call: the window comes back as data arrives
             if end > start:
                 self._take(stream, payload[start:end])
@@ -908,12 +904,7 @@ class _Connection(asyncio.Protocol):
 
     def _end(self, stream: _Stream, trailers: bytes) -> None:
         stream.answered = True
-        if stream.timer is not None:
-            stream.timer.cancel()
-            stream.timer = None
-        if stream.counted:
-            stream.counted = False
-            self.server.active -= 1
+        self._release(stream)
         if not stream.headers_sent:  # trailers-only
             stream.headers_sent = True
             block = self._block(_RESPONSE_HEADERS + trailers)
@@ -941,8 +932,7 @@ class _Connection(asyncio.Protocol):
             self.blocked.add(stream)
             return
         self.blocked.discard(stream)
-        if stream.drained is not None and not stream.drained.done():
-            stream.drained.set_result(None)
+        _wake(stream.drained)
         if stream.trailers is not None:
             self._emit(_frame(HEADERS, END_HEADERS | END_STREAM, stream.id, stream.trailers))
             stream.trailers = None
@@ -966,16 +956,19 @@ class _Connection(asyncio.Protocol):
             return
         self._unbuffer(stream)
         self.blocked.discard(stream)
+        self._release(stream)
+        _wake(stream.drained)
+        if not self.streams:
+            self.last_active = time.monotonic()
+
+    def _release(self, stream: _Stream) -> None:
+        """The call is answered or gone: its deadline timer and its RPC slot are freed."""
         if stream.timer is not None:
             stream.timer.cancel()
             stream.timer = None
         if stream.counted:
             stream.counted = False
             self.server.active -= 1
-        if stream.drained is not None and not stream.drained.done():
-            stream.drained.set_result(None)
-        if not self.streams:
-            self.last_active = time.monotonic()
 
     def _abandon(self, stream: _Stream) -> None:
         """The client left or the deadline passed: withdraw queued work."""
@@ -1006,6 +999,11 @@ class _Connection(asyncio.Protocol):
         out, self.out = self.out, []
         if out and not self.transport.is_closing():
             self.transport.write(b"".join(out))
+
+
+def _wake(future: asyncio.Future | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 def _parse_timeout(value: bytes) -> float | None:
