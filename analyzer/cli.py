@@ -129,6 +129,15 @@ def serve(
         typer.Option(help="Seconds from SIGTERM to exit at most: python models still busy are "
                      "killed (Triton's flag)."),
     ] = 15.0,
+    loop_yields_to_models: Annotated[
+        str,
+        typer.Option(
+            help="true: the thread that parses and answers requests runs as SCHED_BATCH, so on a "
+            "core it shares with a model it waits for the model's time slice instead of "
+            "preempting it mid-batch (more throughput at small requests on few cores, no change "
+            "on an idle core). false: Linux's default policy for every thread."
+        ),
+    ] = "true",
 ) -> None:
     """Serve a model repository with Triton's HTTP/REST, gRPC and metrics protocols."""
     from analyzer.worker.server import ServeOptions
@@ -161,6 +170,7 @@ def serve(
         http_restricted_api=list(http_restricted_api or []),
         grpc_restricted_protocol=list(grpc_restricted_protocol or []),
         exit_timeout_s=exit_timeout_secs,
+        loop_yields=_as_bool("--loop-yields-to-models", loop_yields_to_models),
     )
     raise typer.Exit(run_worker(options))
 

@@ -10,6 +10,11 @@ the worker and the offline loop are pinned to core 1 and perf_analyzer to core 0
 thread on both sides (../shared/BENCHMARKING.md). Reported: per setting the median of the pairwise
 ratios served/offline with min and max; the figure is the best setting's median.
 
+`--ratio A/B` (e.g. `b1_dynamic8/b8_direct`) drives one worker with two settings in rounds of
+A, B and A again in a rotating order, and reports A/B and the A/A floor (A-again/A), median
+(min-max), next to each setting's served/offline, the offline limit measured in the same round at
+the batch size that setting executed.
+
 `--compare-tree DIR` measures a code change side by side: three workers on core 1 -- this tree
 ("after"), a second copy of it ("after-again", the A/A noise floor) and DIR's `analyzer` package
 ("before", e.g. a `git worktree` of the previous commit) -- are driven in turn, in a rotating
@@ -135,6 +140,50 @@ def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[f
     return throughput, executed, busy
 
 
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
+    """Two settings on one worker, alternating: A/B with the A/A floor beside it."""
+    names = args.ratio.split("/")
+    by_name = {s.name: s for s in SETTINGS}
+    if len(names) != 2 or not all(n in by_name for n in names):
+        raise SystemExit(f"--ratio wants A/B of {', '.join(by_name)}, got {args.ratio!r}")
+    a, b = by_name[names[0]], by_name[names[1]]
+    worker = start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU)
+    offline = Offline()
+    runs = [("A", a), ("B", b), ("A-again", a)]
+    got: dict[str, list[tuple[float, float]]] = {n: [] for n, _ in runs}
+    eff: dict[str, list[float]] = {n: [] for n, _ in runs}
+    try:
+        for s in (a, b):
+            served(worker.http, s, 1000, tmp / "warm.csv")
+        for i in range(args.pairs):
+            order = runs[i % 3:] + runs[: i % 3]
+            for n, s in order:
+                throughput, executed, _ = served(worker.http, s, args.window_ms, tmp / "p.csv")
+                got[n].append((throughput, executed))
+            for n, _ in runs:  # the offline limit of this round, at each run's executed batch
+                throughput, executed = got[n][-1]
+                limit = offline.measure(max(1, round(executed)), args.window_ms / 1000 * 2)
+                eff[n].append(throughput / limit)
+            print(f"round {i + 1}: " + ", ".join(
+                f"{n} {got[n][-1][0]:.0f} infer/s (batch {got[n][-1][1]:.1f}, served/offline "
+                f"{eff[n][-1]:.3f})" for n, _ in runs), flush=True)  # fmt: skip
+    finally:
+        offline.close()
+        worker.stop()
+    ab = [x[0] / y[0] for x, y in zip(got["A"], got["B"], strict=True)]
+    aa = [x[0] / y[0] for x, y in zip(got["A-again"], got["A"], strict=True)]
+    print(f"{a.name} / {b.name}: {spread(ab)}; A/A {a.name}-again / {a.name}: {spread(aa)}")
+    for n, s in runs[:2]:
+        batch = statistics.median(x[1] for x in got[n])
+        print(f"{s.name}: served/offline at its executed batch ({batch:.1f}) {spread(eff[n])}; "
+              f"infer/s median {statistics.median(x[0] for x in got[n]):.0f}")
+    return 0
+
+
 def compare(args: argparse.Namespace, settings: list[Setting], tmp: Path) -> int:
     """after / before / after-again workers in rotating order; the A/A floor beside the ratio."""
     workers = {
@@ -147,9 +196,8 @@ def compare(args: argparse.Namespace, settings: list[Setting], tmp: Path) -> int
     names = list(workers)
     try:
         for s in settings:
-            for w in workers.values():
-                _, warm_batch, _ = served(w.http, s, 1000, tmp / "warm.csv")
-            batch = max(1, round(warm_batch))
+            warm = {n: served(w.http, s, 1000, tmp / "warm.csv")[1] for n, w in workers.items()}
+            batch = max(1, round(warm["after"]))  # offline at the batch "after" executes
             got: dict[str, list[float]] = {n: [] for n in names}
             limits = []
             for i in range(args.pairs):
@@ -183,8 +231,15 @@ def main() -> int:
     parser.add_argument("--window-ms", type=int, default=1500)
     parser.add_argument("--compare-tree", help="another checkout's root: measure after/before")
     parser.add_argument("--settings", help="comma-separated setting names (default: all)")
+    parser.add_argument("--ratio", help="A/B: two settings alternating on one worker")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="serving-eff-"))
+    if args.ratio:
+        make_repository(tmp / "repo")
+        try:
+            return ratio_run(args, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     settings = [s for s in SETTINGS if not args.settings or s.name in args.settings.split(",")]
     if args.compare_tree:
         make_repository(tmp / "repo")

@@ -85,6 +85,49 @@ def test_full_batch_does_not_wait_for_the_delay():
     assert (time.perf_counter_ns() - t0) / (delay_us * 1000) < 0.5
 
 
+def _waiting_instance(s: Scheduler) -> tuple[threading.Thread, list]:
+    """An instance thread blocked in next_batch; its batch lands in the returned list."""
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(s.next_batch()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not s._idle and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert s._idle == 1
+    return thread, got
+
+
+@pytest.mark.parametrize("event", ["full batch", "other shape"])
+def test_a_waiting_instance_launches_as_soon_as_an_arrival_allows(event):
+    delay_us = 30_000_000  # far longer than the test: only a wake-up can launch the batch
+    s = scheduler(f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}")
+    thread, got = _waiting_instance(s)
+    s.enqueue(request())  # starts the instance's timed wait for more
+    if event == "full batch":
+        for _ in range(7):
+            s.enqueue(request())
+    else:
+        s.enqueue(request(width=5))  # cannot join: the first request's batch is complete
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(got[0]) == (8 if event == "full batch" else 1)
+
+
+def test_arrivals_that_cannot_launch_a_batch_do_not_wake_the_instance(monkeypatch):
+    """Waking the instance for every request cost a thread switch and a queue walk each."""
+    s = scheduler("dynamic_batching { max_queue_delay_microseconds: 30000000 }")
+    thread, got = _waiting_instance(s)
+    wakes = []
+    notify = s._cond.notify
+    monkeypatch.setattr(s._cond, "notify", lambda n=1: (wakes.append(n), notify(n)))
+    for _ in range(5):
+        s.enqueue(request())
+    assert len(wakes) == 1  # the first arrival starts the delay; the next four change nothing
+    s.close()
+    thread.join(10)
+    assert got == [None]
+
+
 def test_max_queue_size_rejects_at_once():
     s = scheduler("dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
     s.enqueue(request())

@@ -184,3 +184,68 @@ def test_metrics_use_triton_names(client, examples_worker):
     ):
         assert f"{name}{{" in text
     assert "_total{" not in text and "_created" not in text and "e+" not in text
+
+
+def _binary_add_sub(header: bytes, a: np.ndarray, b: np.ndarray) -> tuple[bytes, dict]:
+    return header + a.tobytes() + b.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+
+
+def _split_reply(data: bytes, head_length: str) -> tuple[dict, bytes]:
+    n = int(head_length)
+    return json.loads(data[:n]), data[n:]
+
+
+def test_a_repeated_header_is_reused_with_each_requests_own_data(examples_worker):
+    """The parsed plan of a repeated header is kept; the values, the model and the body length
+    are still each request's own."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": n, "datatype": "FP32", "shape": [1, 4],
+                 "parameters": {"binary_data_size": 16}}
+                for n in ("INPUT0", "INPUT1")
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }  # fmt: skip
+    ).encode()
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        a, b = (rng.standard_normal((1, 4)).astype(np.float32) for _ in range(2))
+        body, headers = _binary_add_sub(header, a, b)
+        conn = http.client.HTTPConnection(examples_worker.http)
+        conn.request("POST", "/v2/models/add_sub/infer", body, headers)
+        reply = conn.getresponse()
+        data = reply.read()
+        head, blob = _split_reply(data, reply.getheader("Inference-Header-Content-Length"))
+        conn.close()
+        assert reply.status == 200 and [o["name"] for o in head["outputs"]] == ["OUTPUT0"]
+        assert np.array_equal(np.frombuffer(blob, np.float32).reshape(1, 4), a + b)
+    # the same header, now short of data, and sent to a model with other inputs
+    status, data = _raw_post(examples_worker.http, "/v2/models/add_sub/infer", header + b"\0" * 20,
+                             {"Inference-Header-Content-Length": str(len(header))})  # fmt: skip
+    assert status == 400 and "INPUT1" in json.loads(data)["error"]
+    zeros = np.zeros((1, 4), np.float32)
+    body, headers = _binary_add_sub(header, zeros, zeros)
+    status, data = _raw_post(examples_worker.http, "/v2/models/tiny_cnn/infer", body, headers)
+    assert status == 400 and "tiny_cnn" in json.loads(data)["error"]
+
+
+def test_header_plans_are_bounded():
+    from analyzer.worker.http import _Plans
+    from analyzer.worker.http_server import HttpRequest
+
+    plans = _Plans()
+    for i in range(3 * _Plans.MAX_PLANS):
+        header = json.dumps(
+            {"id": f"r{i}", "inputs": [{"name": "X", "datatype": "FP32", "shape": [1],
+                                        "parameters": {"binary_data_size": 4}}]}  # fmt: skip
+        ).encode()
+        headers = {"inference-header-content-length": str(len(header))}
+        plan, _, binary = plans.plan(HttpRequest("POST", "/", "", headers, header + b"\0" * 4))
+        assert plan.request_id == f"r{i}" and len(binary) == 4
+    assert len(plans.plans) == _Plans.MAX_PLANS
+    # a header with its values inside (JSON 'data') is never kept
+    header = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [1]}]})
+    headers = {"inference-header-content-length": str(len(header))}
+    plan, parsed, _ = plans.plan(HttpRequest("POST", "/", "", headers, header.encode()))
+    assert plan.heads is None and parsed is not None and header.encode() not in plans.plans

@@ -6,10 +6,14 @@ processes) and on statistics ratios, never on absolute durations.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
+import psutil
 import pytest
 import tritonclient.http as httpclient
-from serving import start_worker
+from serving import EXAMPLES, start_worker
 
 TIMER_MODEL = """
 import time
@@ -122,3 +126,34 @@ def test_parallel_instances_finish_faster_than_serial_ones(timer_worker):
     two = fire(timer_worker.http, "two_instances", 6)
     span = lambda xs: max(e for _, e, _ in xs) - min(s for s, _, _ in xs)  # noqa: E731
     assert span(two) / span(one) < 0.75
+
+
+def _policies(pid: int) -> dict[int, int]:
+    """Scheduling policy (field 41 of /proc/<pid>/task/<tid>/stat) of each thread."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+        out[int(task.name)] = int(fields[38])  # fields after 'comm', which may hold spaces
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_the_event_loop_yields_the_core_to_model_threads(examples_worker):
+    """The loop thread is SCHED_BATCH; model threads and python-model stubs are not."""
+    pid = examples_worker.process.pid
+    policies = _policies(pid)
+    assert policies.pop(pid) == os.SCHED_BATCH
+    assert policies and set(policies.values()) == {os.SCHED_OTHER}
+    stubs = psutil.Process(pid).children(recursive=True)
+    assert stubs  # add_sub is a python model: its instances run in stub processes
+    for stub in stubs:
+        assert os.sched_getscheduler(stub.pid) == os.SCHED_OTHER
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_the_loop_policy_can_be_left_alone():
+    worker = start_worker(EXAMPLES, "--loop-yields-to-models", "false")
+    try:
+        assert set(_policies(worker.process.pid).values()) == {os.SCHED_OTHER}
+    finally:
+        assert worker.stop() == 0, "".join(worker.output)

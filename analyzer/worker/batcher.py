@@ -11,6 +11,12 @@ cannot grow, or the queue delay is 0; otherwise wait until the oldest request ha
 max_queue_delay_microseconds and send what is pending (the largest preferred size found, if any).
 Without a dynamic_batching block every request executes alone.
 
+An idle instance is woken only when a new request can change its decision: the queue was empty,
+the batch can launch now (largest preferred size reached, a shape that cannot join the head's
+batch, no queue delay, or priority levels in play); otherwise its timed wait for the oldest
+request's delay stands. Waking it for every arrival cost a thread switch and a walk of the queue
+per request -- most of the batcher's cost at client batch 1 on a one-core worker.
+
 Requests that leave the queue without running (expired, cancelled by their client, left over at
 close) are failed through `deliver`, the model's one delivery path, outside the queue lock: under
 preserve_ordering a response that bypassed it would stall every later one.
@@ -54,6 +60,8 @@ class Scheduler:
         self.reject_on_timeout = policy.timeout_action == _REJECT
         self._cond = threading.Condition(threading.Lock())
         self._size = 0
+        self._queued = 0  # sum of the queued requests' batch sizes (cancelled ones included)
+        self._idle = 0  # instances waiting in next_batch
         self._closed = False
 
     @property
@@ -72,6 +80,8 @@ class Scheduler:
             timeout = request.timeout_us
         request.timeout_us = timeout
         request.queue_start_ns = time.perf_counter_ns()
+        if self.dynamic:
+            request.signature = request.batch_signature()
         with self._cond:
             if self._closed:
                 raise InferError(f"model '{self.stats.name}' is unloading", Status.UNAVAILABLE)
@@ -81,9 +91,20 @@ class Scheduler:
                     f"'{self.stats.name}'",
                     Status.UNAVAILABLE,
                 )
-            self.queues[level - 1].append(request)
+            queue = self.queues[level - 1]
+            # a shape unlike its predecessor's ends the batch being formed: it can launch now
+            last = queue[-1] if queue else None
+            queue.append(request)
             self._size += 1
-            self._cond.notify()
+            self._queued += request.batch_size
+            if self._idle and (
+                last is None
+                or self.delay_ns == 0
+                or len(self.queues) > 1
+                or self._queued >= self.max_preferred
+                or request.signature != last.signature
+            ):
+                self._cond.notify()
 
     def close(self) -> list[InferRequest]:
         """Stop handing out batches; return what was still queued so the caller can fail it."""
@@ -92,7 +113,7 @@ class Scheduler:
             leftover = [r for q in self.queues for r in q]
             for q in self.queues:
                 q.clear()
-            self._size = 0
+            self._size = self._queued = 0
             self._cond.notify_all()
         return leftover
 
@@ -118,7 +139,9 @@ class Scheduler:
                 if not self._size:
                     if dropped:
                         return [], dropped
+                    self._idle += 1
                     self._cond.wait()
+                    self._idle -= 1
                     continue
                 batch, wait_ns = self._form_batch(dropped)
                 if batch:
@@ -127,7 +150,9 @@ class Scheduler:
                     return batch, dropped
                 if dropped:
                     return [], dropped
+                self._idle += 1
                 self._cond.wait(wait_ns / 1e9)
+                self._idle -= 1
 
     def _has_timeouts(self) -> bool:
         return any(r.timeout_us for q in self.queues for r in q)
@@ -150,8 +175,8 @@ class Scheduler:
                 positions += 1
                 continue
             if signature is None:
-                signature, oldest = r.batch_signature(), r
-            elif r.batch_signature() != signature:
+                signature, oldest = r.signature, r
+            elif r.signature != signature:
                 can_grow = False
                 break
             if total + r.batch_size > self.max_batch:
@@ -192,6 +217,7 @@ class Scheduler:
             while q and taken < n:
                 r = q.popleft()
                 taken += 1
+                self._queued -= r.batch_size
                 if r.cancelled:
                     dropped.append((r, InferError("request was cancelled", Status.UNAVAILABLE)))
                 else:
@@ -208,6 +234,7 @@ class Scheduler:
             for r in q:
                 if r.timeout_us and now - r.queue_start_ns > r.timeout_us * 1000:
                     self._size -= 1
+                    self._queued -= r.batch_size
                     dropped.append((r, InferError("request timeout expired", Status.UNAVAILABLE)))
                 else:
                     keep.append(r)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -31,6 +32,7 @@ from analyzer.worker.restrict import Restrictions
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_TYPE = "application/json"
+_BINARY_TYPE = "application/octet-stream"
 # /v2/models/<name>[/versions/<v>]/<action> -> Triton's restricted-API category
 _MODEL_ACTIONS = {
     "infer": "inference",
@@ -85,6 +87,7 @@ class RestApi:
         self._rules = self.restrictions.rules  # per request: one dict lookup when unrestricted
         self.loop = loop
         self.metadata = _json(server_metadata(version))
+        self._plans = _Plans()
         self.live = True
         self.ready = False
 
@@ -189,18 +192,10 @@ class RestApi:
     def _infer(self, http: HttpRequest, name: str, version: str, respond: Respond) -> None:
         model = self.manager.get(name, version)
         arrival = time.perf_counter_ns()
-        header, binary = _split_body(http)
-        inputs, wire_types = _decode_inputs(header, binary)
-        outputs_spec = _outputs(header.get("outputs"))
-        requested = [o["name"] for o in outputs_spec] if outputs_spec else None
-        params = _object(header.get("parameters"), "request 'parameters'")
-        binary_default = flag_param(params, "binary_data_output")
-        request_id = header.get("id", "")
-        if not isinstance(request_id, str):
-            raise InferError(f"request 'id' must be a string, got {show_value(request_id)}")
-        priority = natural_param(params, "priority")
-        timeout = natural_param(params, "timeout")
-        correlation = sequence_param(params)
+        plan, header, binary = self._plans.plan(http)
+        inputs, wire_types = _decode_inputs(plan, header, binary)
+        request_id = plan.request_id
+        outputs_spec, binary_default, heads = plan.outputs, plan.binary_default, plan.heads
         loop = self.loop
 
         def finish(outputs, error) -> None:
@@ -209,7 +204,9 @@ class RestApi:
                 respond(error_response(status, str(error)))
                 return
             try:
-                response = _encode_outputs(model, request_id, outputs, outputs_spec, binary_default)
+                response = _encode_outputs(
+                    model, request_id, outputs, outputs_spec, binary_default, heads
+                )
             except Exception as err:  # the model's fault, but the client still gets an answer
                 response = error_response(
                     500, f"model '{model.name}' returned outputs that cannot be sent: {err}"
@@ -223,14 +220,14 @@ class RestApi:
             model_name=name,
             inputs=inputs,
             wire_types=wire_types,
-            requested_outputs=requested,
+            requested_outputs=plan.requested,
             on_done=on_done,
             id=request_id,
-            parameters=params,
+            parameters=plan.params,
             arrival_ns=arrival,
-            priority=priority,
-            timeout_us=timeout,
-            correlation_id=correlation,
+            priority=plan.priority,
+            timeout_us=plan.timeout,
+            correlation_id=plan.correlation,
         )
         http.on_disconnect(request.cancel)
         model.submit(request)
@@ -317,60 +314,154 @@ def _outputs(spec: Any) -> list[dict] | None:
     return spec
 
 
-def _split_body(http: HttpRequest) -> tuple[dict, memoryview]:
-    body = http.body
-    length = http.headers.get(HEADER_LENGTH)
-    if length is None:
-        return _parse_json(body), memoryview(b"")
-    try:
-        n = int(length)
-    except ValueError:
-        raise InferError(f"invalid Inference-Header-Content-Length '{length}'") from None
-    if n < 0 or n > len(body):
-        raise InferError(
-            f"Inference-Header-Content-Length {n} exceeds the request body of {len(body)} bytes"
-        )
-    view = memoryview(body)
-    return _parse_json(view[:n]), view[n:]
+@dataclass(slots=True)
+class _InputPlan:
+    name: str
+    wire: str
+    shape: tuple[int, ...]
+    count: int
+    size: int | None  # binary_data_size; None: the values are the JSON 'data' of entry `index`
+    index: int
 
 
-def _decode_inputs(header: dict, binary: memoryview) -> tuple[dict, dict]:
-    inputs: dict[str, np.ndarray] = {}
-    wire_types: dict[str, str] = {}
-    offset = 0
+@dataclass(slots=True)
+class _Plan:
+    """What a request's JSON header asks for, checked once.
+
+    Clients repeat the same header on every call (perf_analyzer, tritonclient with fixed shapes),
+    so a header whose inputs are all binary is parsed and checked once and its plan reused, with
+    the response heads it has produced. The dicts and lists here are shared by the requests that
+    reuse the plan and are only read.
+    """
+
+    inputs: list[_InputPlan]
+    outputs: list[dict] | None
+    requested: list[str] | None
+    params: dict
+    binary_default: bool
+    request_id: str
+    priority: int
+    timeout: int
+    correlation: int | str
+    heads: dict | None  # response heads by output layout; None when the plan is not kept
+
+
+class _Plans:
+    """Plans of recent request headers: bounded in count and key size, so a client that sends
+    a new header every time costs a dict lookup and nothing more."""
+
+    MAX_PLANS = 64
+    MAX_KEY_BYTES = 4096
+    MAX_HEADS = 16  # response layouts remembered per plan
+
+    def __init__(self) -> None:
+        self.plans: dict[bytes, _Plan] = {}
+
+    def plan(self, http: HttpRequest) -> tuple[_Plan, dict | None, memoryview]:
+        """(plan, the parsed header when it was parsed now, the binary part of the body)."""
+        body = http.body
+        length = http.headers.get(HEADER_LENGTH)
+        if length is None:
+            header = _parse_json(body)
+            return _make_plan(header, keep=False), header, memoryview(b"")
+        try:
+            n = int(length)
+        except ValueError:
+            raise InferError(f"invalid Inference-Header-Content-Length '{length}'") from None
+        if n < 0 or n > len(body):
+            raise InferError(
+                f"Inference-Header-Content-Length {n} exceeds the request body of {len(body)} "
+                "bytes"
+            )
+        view = memoryview(body)
+        key = None
+        if n <= self.MAX_KEY_BYTES:
+            key = bytes(view[:n])
+            plan = self.plans.get(key)
+            if plan is not None:
+                return plan, None, view[n:]
+        header = _parse_json(view[:n])
+        plan = _make_plan(header, keep=key is not None)
+        if plan.heads is not None:
+            plans = self.plans
+            if len(plans) >= self.MAX_PLANS:
+                del plans[next(iter(plans))]  # the oldest goes
+            plans[key] = plan
+        return plan, header, view[n:]
+
+
+def _make_plan(header: dict, keep: bool) -> _Plan:
     specs = header.get("inputs")
     if not isinstance(specs, list) or not specs:
         raise InferError("inference request has no 'inputs'")
-    for spec in specs:
+    inputs: list[_InputPlan] = []
+    seen: set[str] = set()
+    for index, spec in enumerate(specs):
         name, wire, shape, params = _input_spec(spec)
-        if name in inputs:
+        if name in seen:
             raise InferError(f"input '{name}' is given twice")
+        seen.add(name)
         size = params.get("binary_data_size")
         try:
             count = shape_count(shape)
+        except ValueError as err:
+            raise InferError(f"input '{name}': {err}") from None
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise InferError(
+                    f"input '{name}': 'binary_data_size' must be a non-negative integer, "
+                    f"got {show_value(size)}"
+                )
+        elif "data" not in spec:
+            raise InferError(f"input '{name}' has neither 'data' nor binary data")
+        else:
+            keep = False  # the values are in the header: it is not repeated
+        inputs.append(_InputPlan(name, wire, shape, count, size, index))
+    outputs = _outputs(header.get("outputs"))
+    params = _object(header.get("parameters"), "request 'parameters'")
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InferError(f"request 'id' must be a string, got {show_value(request_id)}")
+    return _Plan(
+        inputs=inputs,
+        outputs=outputs,
+        requested=[o["name"] for o in outputs] if outputs else None,
+        params=params,
+        binary_default=flag_param(params, "binary_data_output"),
+        request_id=request_id,
+        priority=natural_param(params, "priority"),
+        timeout=natural_param(params, "timeout"),
+        correlation=sequence_param(params),
+        heads={} if keep else None,
+    )
+
+
+def _decode_inputs(plan: _Plan, header: dict | None, binary: memoryview) -> tuple[dict, dict]:
+    """The input arrays: views of the binary part, or converted JSON 'data' (header given)."""
+    inputs: dict[str, np.ndarray] = {}
+    wire_types: dict[str, str] = {}
+    offset = 0
+    available = len(binary)
+    for p in plan.inputs:
+        name, size = p.name, p.size
+        try:
             if size is not None:
-                if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                    raise InferError(
-                        f"input '{name}': 'binary_data_size' must be a non-negative integer, "
-                        f"got {show_value(size)}"
-                    )
-                if offset + size > len(binary):
+                if offset + size > available:
                     raise InferError(
                         f"unexpected end of binary data for input '{name}': needs {size} bytes, "
-                        f"{len(binary) - offset} remain"
+                        f"{available - offset} remain"
                     )
-                array = tensor_from_bytes(binary[offset : offset + size], wire, shape, count)
+                array = tensor_from_bytes(binary[offset : offset + size], p.wire, p.shape, p.count)
                 offset += size
-            elif "data" in spec:
-                array = _from_json_data(spec["data"], wire, shape, count)
             else:
-                raise InferError(f"input '{name}' has neither 'data' nor binary data")
+                assert header is not None  # plans with JSON data are never kept
+                array = _from_json_data(header["inputs"][p.index]["data"], p.wire, p.shape, p.count)
         except ValueError as err:
             raise InferError(f"input '{name}': {err}") from None
         inputs[name] = array
-        wire_types[name] = wire
-    if offset != len(binary):
-        raise InferError(f"{len(binary) - offset} unexpected bytes after the binary input data")
+        wire_types[name] = p.wire
+    if offset != available:
+        raise InferError(f"{available - offset} unexpected bytes after the binary input data")
     return inputs, wire_types
 
 
@@ -416,12 +507,23 @@ def _from_json_data(data, wire: str, shape: tuple[int, ...], count: int) -> np.n
         raise ValueError(f"'data' does not convert to {wire}: {err}") from None
 
 
-def _encode_outputs(model, request_id, outputs: dict, spec, binary_default: bool) -> HttpResponse:
+def _encode_outputs(
+    model, request_id, outputs: dict, spec, binary_default: bool, heads: dict | None = None
+) -> HttpResponse:
+    """The response; with `heads` (a kept plan's), an all-binary head is built once per layout."""
+    key = None
+    if heads is not None:
+        key = (model.name, model.version, *((n, a.dtype, a.shape) for n, a in outputs.items()))
+        cached = heads.get(key)
+        if cached is not None:
+            head, sent, headers = cached
+            blobs = [tensor_to_bytes(outputs[name], wire) for name, wire in sent]
+            return HttpResponse(200, [head, *blobs], _BINARY_TYPE, headers)
     if spec:
         wanted = [(o["name"], (o.get("parameters") or {})) for o in spec]
     else:
         wanted = [(name, {}) for name in outputs]
-    entries, blobs = [], []
+    entries, blobs, sent = [], [], []
     for name, params in wanted:
         if name not in outputs:
             return error_response(500, f"model '{model.name}' did not produce output '{name}'")
@@ -434,6 +536,7 @@ def _encode_outputs(model, request_id, outputs: dict, spec, binary_default: bool
             blob = tensor_to_bytes(array, wire)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+            sent.append((name, wire))
         elif wire == "BYTES":
             entry["data"] = [
                 v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
@@ -452,9 +555,12 @@ def _encode_outputs(model, request_id, outputs: dict, spec, binary_default: bool
     head = json.dumps(header, separators=(",", ":")).encode()
     if not blobs:
         return HttpResponse(200, [head])
-    return HttpResponse(
-        200,
-        [head, *blobs],
-        content_type="application/octet-stream",
-        headers=[("Inference-Header-Content-Length", str(len(head)))],
-    )
+    headers = [("Inference-Header-Content-Length", str(len(head)))]
+    # a head holds no values when every output is binary and of a fixed size per element
+    if key is not None and len(sent) == len(entries) and all(
+        wire not in ("BYTES", "BF16") for _, wire in sent
+    ):
+        if len(heads) >= _Plans.MAX_HEADS:
+            del heads[next(iter(heads))]
+        heads[key] = (head, sent, headers)
+    return HttpResponse(200, [head, *blobs], _BINARY_TYPE, headers)

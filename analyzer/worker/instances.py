@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 
+from analyzer.worker import sched
 from analyzer.worker.backends.base import BackendInstance, InstanceSpec
 from analyzer.worker.batcher import Deliver, Scheduler
 from analyzer.worker.errors import InferError, Status
@@ -49,6 +50,7 @@ class InstanceRunner:
         self.thread.join(timeout)
 
     def _run(self) -> None:
+        sched.normal_policy()  # not the event loop's: a model thread is the one to favour
         self.instance.thread_init()
         while True:
             batch = self.scheduler.next_batch()

@@ -32,6 +32,7 @@ class InferRequest:
     correlation_id: int | str = 0
     flags: int = 0
     cancelled: bool = False  # the client went away: drop it instead of running it
+    signature: tuple = ()  # batch_signature(), set once by a dynamic batcher's enqueue
 
     def cancel(self) -> None:
         """Called from the protocol's loop when the client disconnects or cancels the call."""

@@ -23,7 +23,7 @@ import uvloop
 
 from analyzer import __version__
 from analyzer.repository.repository import RepositoryError
-from analyzer.worker import restrict
+from analyzer.worker import restrict, sched
 from analyzer.worker.http import RestApi
 from analyzer.worker.http_server import start_http_server
 from analyzer.worker.limits import Limits
@@ -54,6 +54,8 @@ class ServeOptions:
     http_restricted_api: list[str] = field(default_factory=list)  # '<api,...>:<header>=<value>'
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     exit_timeout_s: float = 15.0  # Triton's --exit-timeout-secs: SIGTERM to exit, at most
+    # the event loop yields the core to model threads instead of preempting them (sched.py)
+    loop_yields: bool = True
 
 
 class StartupError(RuntimeError):
@@ -114,6 +116,8 @@ class Worker:
         except OSError as err:
             await self.stop()
             raise StartupError(f"cannot listen on {opts.host}: {err.strerror or err}") from None
+        if opts.loop_yields:
+            sched.batch_policy()
         self.api.ready = True
 
     async def _listen(self, name: str, handler, port: int) -> None:

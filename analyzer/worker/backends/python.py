@@ -25,6 +25,7 @@ from analyzer.config.model_config import (
     model_config_to_dict,
 )
 from analyzer.repository.repository import ModelSource
+from analyzer.worker import sched
 from analyzer.worker.backends.base import Backend, BackendInstance, InstanceSpec, Result
 from analyzer.worker.backends.python_stub import (
     ShmArena,
@@ -57,7 +58,10 @@ class _Spawner:
     def popen(self, *args, **kwargs) -> subprocess.Popen:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="python-stub-spawner")
+                # stubs inherit the forking thread's policy: a model's, not the event loop's
+                self._pool = ThreadPoolExecutor(
+                    1, thread_name_prefix="python-stub-spawner", initializer=sched.normal_policy
+                )
             pool = self._pool
         return pool.submit(subprocess.Popen, *args, **kwargs).result()
 
