@@ -230,6 +230,20 @@ class RestApi:
             correlation_id=plan.correlation,
         )
         http.on_disconnect(request.cancel)
+        checked = plan.checked
+        if checked is not None:  # a kept plan: its layout is checked once per model version
+            validator = model.validator
+            batch = checked.get(validator)
+            if batch is None:
+                validator.check(request)
+                if validator.pure:
+                    if len(checked) >= _Plans.MAX_HEADS:
+                        del checked[next(iter(checked))]
+                    checked[validator] = request.batch_size
+            else:
+                request.batch_size = batch
+            model.submit(request, checked=True)
+            return
         model.submit(request)
 
 
@@ -254,9 +268,17 @@ def _parse_json(body) -> dict:
     return data
 
 
+_CHECKED_NAMES: set[str] = set()  # URL segments that passed check_model_name (bounded)
+
+
 def _model_name(segment: str) -> str:
     """The model name in a URL segment, percent-decoded the way clients encode it, checked."""
-    return check_model_name(unquote(segment) if "%" in segment else segment)
+    if segment in _CHECKED_NAMES:
+        return segment
+    name = check_model_name(unquote(segment) if "%" in segment else segment)
+    if name == segment and len(_CHECKED_NAMES) < 1024:
+        _CHECKED_NAMES.add(segment)
+    return name
 
 
 def show_value(value: Any) -> str:
@@ -344,6 +366,7 @@ class _Plan:
     timeout: int
     correlation: int | str
     heads: dict | None  # response heads by output layout; None when the plan is not kept
+    checked: dict | None  # batch size by the model versions' validators that accepted it
 
 
 class _Plans:
@@ -352,7 +375,7 @@ class _Plans:
 
     MAX_PLANS = 64
     MAX_KEY_BYTES = 4096
-    MAX_HEADS = 16  # response layouts remembered per plan
+    MAX_HEADS = 16  # response layouts, and model versions that accepted it, per plan
 
     def __init__(self) -> None:
         self.plans: dict[bytes, _Plan] = {}
@@ -433,6 +456,7 @@ def _make_plan(header: dict, keep: bool) -> _Plan:
         timeout=natural_param(params, "timeout"),
         correlation=sequence_param(params),
         heads={} if keep else None,
+        checked={} if keep else None,
     )
 
 

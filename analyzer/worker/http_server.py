@@ -70,6 +70,12 @@ Respond = Callable[[HttpResponse], None]
 Handler = Callable[[HttpRequest, Respond], None]
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+# per request these would be rebuilt: header names as received -> lower-case str, and each
+# (status, content type)'s status line and headers up to Content-Length's value; bounded, as
+# header names are the client's to choose
+_HEADER_NAMES: dict[bytes, str] = {}
+_PREFIXES: dict[tuple[int, str], str] = {}
+_MAX_HEADER_NAMES = 256
 
 
 class _Stop(Exception):
@@ -248,7 +254,12 @@ class _Protocol(asyncio.Protocol):
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = _HEADER_NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(_HEADER_NAMES) < _MAX_HEADER_NAMES:
+                _HEADER_NAMES[name] = key
+        self.headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -465,10 +476,16 @@ class _Protocol(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         length = sum(len(b) for b in response.body)
-        head = [
-            f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n",
-            f"Content-Type: {response.content_type}\r\nContent-Length: {length}\r\n",
-        ]
+        key = (response.status, response.content_type)
+        prefix = _PREFIXES.get(key)
+        if prefix is None:
+            prefix = (
+                f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
+                f"Content-Type: {response.content_type}\r\nContent-Length: "
+            )
+            if len(_PREFIXES) < _MAX_HEADER_NAMES:
+                _PREFIXES[key] = prefix
+        head = [prefix, str(length), "\r\n"]
         for name, value in response.headers:
             head.append(f"{name}: {value}\r\n")
         if self.closing and len(self.slots) == 0:

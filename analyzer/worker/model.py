@@ -76,9 +76,13 @@ class ModelVersion:
             self.unload()
             raise
 
-    def submit(self, request: InferRequest) -> None:
-        """Queue a valid request; once queued (or refused by the queue) it is answered once."""
-        self.validator.check(request)
+    def submit(self, request: InferRequest, checked: bool = False) -> None:
+        """Queue a valid request; once queued (or refused by the queue) it is answered once.
+
+        `checked`: the caller ran `validator.check` on this request's layout already.
+        """
+        if not checked:
+            self.validator.check(request)
         if self._order is not None:
             self._order.register(request)
         try:

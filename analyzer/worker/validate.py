@@ -26,6 +26,9 @@ class RequestValidator:
         }
         self.required = [i.name for i in config.input if not i.optional]
         self.outputs = {o.name for o in config.output}
+        # without reshapes a check only reads the request: its verdict on one request layout
+        # (names, types, shapes, requested outputs) holds for every request of that layout
+        self.pure = all(spec[2] is None for spec in self.inputs.values())
 
     def check(self, request: InferRequest) -> None:
         model = self.model
