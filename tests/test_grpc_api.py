@@ -82,3 +82,27 @@ def test_statistics_over_grpc(client):
     stats = client.get_inference_statistics("add_sub", as_json=True)["model_stats"][0]
     s = stats["inference_stats"]
     assert int(s["queue"]["count"]) == int(s["success"]["count"]) > 0
+
+
+def test_a_kept_response_head_serializes_as_the_full_message():
+    """encode_bytes appends each answer's raw outputs to a head serialized once per layout: the
+    bytes must parse to the very message the protobuf encoder builds, every time."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from analyzer.worker.grpc import InferenceService
+
+    class Model:
+        name, version = "m", 3
+
+    service = InferenceService.__new__(InferenceService)
+    service._heads = {}
+    for request in (pb.ModelInferRequest(model_name="m", id="r1"),
+                    pb.ModelInferRequest(model_name="m", outputs=[{"name": "B"}])):  # fmt: skip
+        for scale in (1, 2, 3):  # the second and third answers reuse the head
+            outputs = {
+                "A": np.arange(6, dtype=np.float32).reshape(2, 3) * scale,
+                "B": np.full((2, 40), scale, np.int64),  # 640 bytes: a two-byte length
+            }
+            got = pb.ModelInferResponse.FromString(service.encode_bytes(Model(), request, outputs))
+            assert got == InferenceService.encode(Model(), request, outputs)
+    assert len(service._heads) == 2

@@ -78,6 +78,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.manager = manager
         self.api = api
         self.limits = limits or Limits()
+        # serialized response heads by output layout (see encode_bytes); bounded
+        self._heads: dict[tuple, bytes] = {}
         self.restrictions = restrictions or Restrictions()
         self._rules = self.restrictions.rules
         meta = server_metadata(__version__)
@@ -285,6 +287,35 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             correlation_id=sequence_param(params),
         )
 
+    def encode_bytes(self, model, request: pb.ModelInferRequest, outputs: dict) -> bytes:
+        """The serialized ModelInferResponse of a unary call.
+
+        Everything but the raw output bytes depends only on the model, the request's id and
+        requested outputs, and the outputs' names, types and shapes, which repeat call after
+        call: that part is serialized once per layout, and each answer appends its
+        raw_output_contents fields to it (protobuf merges concatenated fields).
+        """
+        requested = tuple(o.name for o in request.outputs)
+        key = (model.name, model.version, request.id, requested,
+               *((n, a.dtype, a.shape) for n, a in outputs.items()))  # fmt: skip
+        head = self._heads.get(key)
+        if head is None:
+            response = self.encode(model, request, outputs)
+            if any(o.datatype in ("BYTES", "BF16") for o in response.outputs):
+                return response.SerializeToString()
+            del response.raw_output_contents[:]
+            head = response.SerializeToString()
+            if len(self._heads) >= _MAX_HEADS:
+                del self._heads[next(iter(self._heads))]
+            self._heads[key] = head
+        parts = [head]
+        for name in requested or outputs:
+            array = outputs[name]
+            blob = tensor_to_bytes(array, numpy_to_wire(array.dtype))
+            parts.append(_RAW_OUTPUT_TAG + _varint(len(blob)))
+            parts.append(blob)
+        return b"".join(parts)
+
     @staticmethod
     def encode(model, request: pb.ModelInferRequest, outputs: dict) -> pb.ModelInferResponse:
         requested = [o.name for o in request.outputs] or None
@@ -325,6 +356,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as err:
             raise InferError(str(err), Status.INTERNAL) from None
         return self.encode(model, request, outputs)
+
+
+_MAX_HEADS = 256
+_RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:

@@ -841,7 +841,7 @@ class _Connection(asyncio.Protocol):
             self._refuse(stream, status or grpc.StatusCode.INTERNAL, str(error))
             return
         try:
-            payload = self.service.encode(model, request, outputs).SerializeToString()
+            payload = self.service.encode_bytes(model, request, outputs)
         except InferError as err:
             self._refuse(stream, err.status.grpc, err.message)
             return
