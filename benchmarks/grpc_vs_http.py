@@ -54,6 +54,15 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
+def rotating_rounds(legs: list[str], rounds: int, run) -> dict[str, list]:
+    """`run(leg)` for every leg in every round, the order rotating round by round."""
+    got: dict[str, list] = {leg: [] for leg in legs}
+    for i in range(rounds):
+        for leg in legs[i % len(legs):] + legs[: i % len(legs)]:
+            got[leg].append(run(leg))
+    return got
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -70,10 +79,8 @@ def main() -> int:
             for c in levels:
                 for leg in LEGS:  # warm-up: connections, model, allocator
                     point(worker, model, leg, c, 1000, out)
-                got: dict[str, list[tuple[float, float]]] = {leg: [] for leg in LEGS}
-                for i in range(args.rounds):
-                    for leg in LEGS[i % 3:] + LEGS[: i % 3]:
-                        got[leg].append(point(worker, model, leg, c, args.window_ms, out))
+                got = rotating_rounds(LEGS, args.rounds, lambda leg, model=model, c=c: point(
+                    worker, model, leg, c, args.window_ms, out))  # fmt: skip
                 rate = {leg: [t for t, _ in got[leg]] for leg in LEGS}
                 p99 = {leg: statistics.median(p for _, p in got[leg]) for leg in LEGS}
                 grpc_http = [g / h for g, h in zip(rate["grpc"], rate["http"], strict=True)]

@@ -40,6 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from serving import EXAMPLES, start_worker  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from grpc_vs_http import spread  # noqa: E402
+
 PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
 SERVER_CPU, CLIENT_CPU = "1", "0"
 
@@ -140,10 +143,6 @@ def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[f
     return throughput, executed, busy
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
     """Two settings on one worker, alternating: A/B with the A/A floor beside it."""
     names = args.ratio.split("/")
@@ -207,8 +206,7 @@ def compare(args: argparse.Namespace, settings: list[Setting], tmp: Path) -> int
                     got[n].append(served(workers[n].http, s, args.window_ms, tmp / "p.csv")[0])
 
             def ratio(a: str, b: str, got=got) -> str:
-                r = [x / y for x, y in zip(got[a], got[b], strict=True)]
-                return f"{statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})"
+                return spread([x / y for x, y in zip(got[a], got[b], strict=True)])
 
             eff = ", ".join(
                 f"{n} {statistics.median([x / o for x, o in zip(got[n], limits, strict=True)]):.3f}"

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from google.protobuf import json_format  # noqa: E402
-from grpc_vs_http import SERVER_CPU, measure, spread  # noqa: E402
+from grpc_vs_http import SERVER_CPU, measure, rotating_rounds, spread  # noqa: E402
 from serving import EXAMPLES, start_worker  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
@@ -224,12 +224,9 @@ def main() -> int:
                 for leg in legs:  # warm-up
                     measure(servers[leg](protocol), model, protocol, args.concurrency, 1000,
                             tmp / "p.csv")  # fmt: skip
-                got: dict[str, list[tuple[float, float]]] = {leg: [] for leg in legs}
-                for i in range(args.rounds):
-                    for leg in legs[i % 3:] + legs[: i % 3]:
-                        got[leg].append(measure(servers[leg](protocol), model, protocol,
-                                                args.concurrency, args.window_ms,
-                                                tmp / "p.csv"))  # fmt: skip
+                got = rotating_rounds(legs, args.rounds, lambda leg, m=model, p=protocol: measure(
+                    servers[leg](p), m, p, args.concurrency, args.window_ms, tmp / "p.csv"
+                ))  # fmt: skip
                 rate = {leg: [t for t, _ in got[leg]] for leg in legs}
                 p99 = {leg: statistics.median(p for _, p in got[leg]) for leg in legs}
                 ratio = [a / b for a, b in zip(rate["ours"], rate["kserve"], strict=True)]

@@ -24,12 +24,8 @@ END_STREAM, END_HEADERS, PADDED = 0x1, 0x4, 0x8
 
 
 @pytest.fixture(scope="module")
-def worker():
-    served = start_worker(EXAMPLES)
-    try:
-        yield served
-    finally:
-        served.stop()
+def worker(examples_worker):
+    return examples_worker
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:

@@ -44,7 +44,3 @@ def normal_policy() -> bool:
     """The calling thread gets the default policy back (model threads, stub spawner)."""
     return _set("SCHED_OTHER")
 
-
-def current_policy() -> int | None:
-    getter = getattr(os, "sched_getscheduler", None)
-    return getter(0) if getter is not None else None
