@@ -102,6 +102,8 @@ def test_a_kept_response_head_serializes_as_the_full_message():
             outputs = {
                 "A": np.arange(6, dtype=np.float32).reshape(2, 3) * scale,
                 "B": np.full((2, 40), scale, np.int64),  # 640 bytes: a two-byte length
+                "C": (np.arange(6, dtype=np.int16).reshape(3, 2) * scale).T,  # not contiguous
+                "D": np.array([[True, False, scale > 1]]),
             }
             got = pb.ModelInferResponse.FromString(service.encode_bytes(Model(), request, outputs))
             assert got == InferenceService.encode(Model(), request, outputs)

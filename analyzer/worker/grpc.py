@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
@@ -26,12 +27,14 @@ from analyzer.datatypes import (
     wire_to_numpy,
 )
 from analyzer.worker.errors import InferError, Status
+from analyzer.worker.grpc_layouts import Layouts
 from analyzer.worker.http import natural_param, sequence_param, server_metadata, show_value
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.names import check_model_name
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
+from analyzer.worker.validate import check_once
 
 # InferTensorContents field holding each datatype's values when raw contents are not used.
 _CONTENTS_FIELD = {
@@ -80,6 +83,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.limits = limits or Limits()
         # serialized response heads by output layout (see encode_bytes); bounded
         self._heads: dict[tuple, bytes] = {}
+        self.layouts = Layouts()  # repeated ModelInfer requests, parsed once
         self.restrictions = restrictions or Restrictions()
         self._rules = self.restrictions.rules
         meta = server_metadata(__version__)
@@ -261,9 +265,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(answers):
                 task.cancel()
 
-    def prepare(self, request: pb.ModelInferRequest, on_done) -> tuple[Any, InferRequest]:
-        """The model and the validated request to submit; InferError for anything malformed."""
-        arrival = time.perf_counter_ns()
+    def prepare(
+        self, request: pb.ModelInferRequest, on_done, arrival: int = 0
+    ) -> tuple[Any, InferRequest]:
+        """The model and the request to submit; InferError for anything malformed."""
+        arrival = arrival or time.perf_counter_ns()
         check_model_name(request.model_name)
         model = self.manager.get(request.model_name, request.model_version)
         try:
@@ -287,22 +293,59 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             correlation_id=sequence_param(params),
         )
 
+    def submit_bytes(self, data: bytes, on_done) -> tuple[Any, pb.ModelInferRequest, Any, Any]:
+        """Parse, check and queue a serialized ModelInferRequest.
+
+        Returns the model, the request's fields an answer needs (id, requested outputs; no
+        tensors), the requested outputs' names (None: read them from the fields) and the queued
+        request. Raises InferError before anything is queued.
+        """
+        arrival = time.perf_counter_ns()
+        layouts = self.layouts
+        layout = layouts.match(data)
+        if layout is None:
+            try:
+                fields = pb.ModelInferRequest.FromString(data)
+            except DecodeError as err:
+                raise InferError(f"malformed request: {err}") from None
+            model, request = self.prepare(fields, on_done, arrival)
+            model.submit(request)  # validates against the model: may raise InferError
+            layouts.learn(data, fields, request)
+            return model, fields, None, request
+        model = self.manager.get(layout.model_name, layout.model_version)
+        request = layout.request(data, on_done, arrival)
+        check_once(model.validator, request, layout.checked)
+        model.submit(request, checked=True)
+        return model, layout.fields, layout.output_names, request
+
     def encode_bytes(self, model, request: pb.ModelInferRequest, outputs: dict) -> bytes:
-        """The serialized ModelInferResponse of a unary call.
+        """The serialized ModelInferResponse of a unary call (see encode_parts)."""
+        return b"".join(self.encode_parts(model, request, outputs))
+
+    def encode_parts(
+        self,
+        model,
+        request: pb.ModelInferRequest,
+        outputs: dict,
+        requested: tuple[str, ...] | None = None,
+    ) -> list[bytes]:
+        """The serialized ModelInferResponse of a unary call, as parts to concatenate.
 
         Everything but the raw output bytes depends only on the model, the request's id and
-        requested outputs, and the outputs' names, types and shapes, which repeat call after
-        call: that part is serialized once per layout, and each answer appends its
-        raw_output_contents fields to it (protobuf merges concatenated fields).
+        requested outputs (`requested`: their names when the caller knows them), and the
+        outputs' names, types and shapes, which repeat call after call: that part is serialized
+        once per layout, and each answer appends its raw_output_contents fields to it (protobuf
+        merges concatenated fields).
         """
-        requested = tuple(o.name for o in request.outputs)
+        if requested is None:
+            requested = tuple(o.name for o in request.outputs)
         key = (model.name, model.version, request.id, requested,
-               *((n, a.dtype, a.shape) for n, a in outputs.items()))  # fmt: skip
+               *[(n, a.dtype, a.shape) for n, a in outputs.items()])  # fmt: skip
         head = self._heads.get(key)
         if head is None:
             response = self.encode(model, request, outputs)
             if any(o.datatype in ("BYTES", "BF16") for o in response.outputs):
-                return response.SerializeToString()
+                return [response.SerializeToString()]
             del response.raw_output_contents[:]
             head = response.SerializeToString()
             if len(self._heads) >= _MAX_HEADS:
@@ -310,11 +353,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             self._heads[key] = head
         parts = [head]
         for name in requested or outputs:
-            array = outputs[name]
-            blob = tensor_to_bytes(array, numpy_to_wire(array.dtype))
-            parts.append(_RAW_OUTPUT_TAG + _varint(len(blob)))
-            parts.append(blob)
-        return b"".join(parts)
+            blob = outputs[name].tobytes()  # the head's key holds a fixed-size dtype: C order
+            parts += (_RAW_OUTPUT_TAG + _varint(len(blob)), blob)
+        return parts
 
     @staticmethod
     def encode(model, request: pb.ModelInferRequest, outputs: dict) -> pb.ModelInferResponse:

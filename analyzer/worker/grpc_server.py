@@ -538,28 +538,29 @@ class _Connection(asyncio.Protocol):
             self.block, self.block_stream = bytearray(block), stream_id
             self.block_end_stream = bool(flags & END_STREAM)
 
-    def _decode(self, block: bytes) -> list:
-        headers = self.blocks.get(block)
-        if headers is not None:
-            return headers
+    def _decode(self, block: bytes) -> tuple:
+        """The request head a header block carries (see _head), decoded by the HPACK table."""
+        head = self.blocks.get(block)
+        if head is not None:
+            return head
         table = self.decoder.header_table
         if len(block) <= 64 and all(0x80 < b < 0xFF for b in block):  # indexed fields only
             try:
-                headers = [table.get_by_index(b & 0x7F) for b in block]
+                head = _head([table.get_by_index(b & 0x7F) for b in block])
             except HPACKError as err:
                 raise _ConnectionError(COMPRESSION_ERROR, str(err)) from None
             if len(self.blocks) < 64:
-                self.blocks[block] = headers
-            return headers
+                self.blocks[block] = head
+            return head
         try:
             headers = self.decoder.decode(block, raw=True)
         except HPACKError as err:
             raise _ConnectionError(COMPRESSION_ERROR, str(err)) from None
         self.blocks.clear()  # the dynamic table may have changed
-        return headers
+        return _head(headers)
 
     def _header_block(self, stream_id: int, block: bytes, end_stream: bool) -> None:
-        headers = self._decode(block)  # always: the table must follow the client's
+        method, post, content, timeout, encoding, metadata = self._decode(block)  # always
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
             if not end_stream or stream.remote_done:
@@ -578,25 +579,8 @@ class _Connection(asyncio.Protocol):
             return
         stream = _Stream(stream_id, self.peer_initial_window)
         self.streams[stream_id] = stream
-        method = b""
-        post = content = False
-        metadata: list = []
-        timeout = None
-        for name, value in headers:
-            if name[:1] == b":":
-                if name == b":path":
-                    method = value
-                elif name == b":method":
-                    post = value == b"POST"
-            elif name == b"content-type":
-                content = value.startswith(b"application/grpc")
-            elif name == b"grpc-timeout":
-                timeout = value
-            elif name == b"grpc-encoding":
-                stream.encoding = value
-            elif name != b"te":
-                metadata.append((name.decode("latin-1"), value.decode("latin-1")))
-        stream.method, stream.metadata = method, tuple(metadata)
+        stream.encoding = encoding
+        stream.method, stream.metadata = method, metadata
         if end_stream:
             stream.remote_done = True
         if not post or not content:
@@ -800,17 +784,12 @@ class _Connection(asyncio.Protocol):
         elif err is not None:
             self._refuse(stream, grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
         else:
-            self._answer(stream, future.result().SerializeToString())
+            self._answer(stream, [future.result().SerializeToString()])
 
     def _infer(self, stream: _Stream, data: bytes | None) -> None:
         """ModelInfer, the hot path: parsed and submitted here, answered from the loop."""
         if data is None:
             self._refuse(stream, grpc.StatusCode.INVALID_ARGUMENT, "no ModelInferRequest was sent")
-            return
-        try:
-            request = pb.ModelInferRequest.FromString(data)
-        except DecodeError as err:
-            self._refuse(stream, grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
             return
         service = self.service
         message = service.refusal("inference", stream.metadata)
@@ -819,20 +798,24 @@ class _Connection(asyncio.Protocol):
             return
         loop = self.loop
         finished = self._infer_done
+        answer: list = []  # (model, request fields, requested outputs) once submitted
 
         def on_done(outputs, error) -> None:  # on the thread that finished the batch
-            loop.call_soon_threadsafe(finished, stream, model, request, outputs, error)
+            loop.call_soon_threadsafe(finished, stream, answer, outputs, error)
 
         try:
-            model, infer_request = service.prepare(request, on_done)
-            stream.cancel = infer_request.cancel
-            model.submit(infer_request)  # validates against the model: may raise InferError
+            model, fields, requested, request = service.submit_bytes(data, on_done)
         except InferError as err:
             self._refuse(stream, err.status.grpc, err.message)
+            return
         except Exception as err:  # a bug must still answer the call
             self._refuse(stream, grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+            return
+        answer += (model, fields, requested)
+        if not stream.answered:
+            stream.cancel = request.cancel
 
-    def _infer_done(self, stream: _Stream, model, request, outputs, error) -> None:
+    def _infer_done(self, stream: _Stream, answer: list, outputs, error) -> None:
         if stream.answered or self.streams.get(stream.id) is not stream:
             return
         stream.cancel = None
@@ -841,11 +824,15 @@ class _Connection(asyncio.Protocol):
             self._refuse(stream, status or grpc.StatusCode.INTERNAL, str(error))
             return
         try:
-            payload = self.service.encode_bytes(model, request, outputs)
+            parts = self.service.encode_parts(answer[0], answer[1], outputs, answer[2])
         except InferError as err:
             self._refuse(stream, err.status.grpc, err.message)
             return
-        self._answer(stream, payload)
+        except Exception as err:  # outputs no encoder understands: the call is still answered
+            why = f"model '{answer[0].name}' returned outputs that cannot be sent: {err}"
+            self._refuse(stream, grpc.StatusCode.INTERNAL, why)
+            return
+        self._answer(stream, parts)
 
     async def _stream(self, stream: _Stream) -> None:
         """ModelStreamInfer: InferenceService's generator fed from the stream's inbox."""
@@ -855,7 +842,7 @@ class _Connection(asyncio.Protocol):
             async for response in self.service.ModelStreamInfer(inbox, _Context(stream.metadata)):
                 if stream.answered:
                     return
-                self._send_message(stream, response.SerializeToString())
+                self._send_message(stream, [response.SerializeToString()])
                 if len(stream.out) > self.limits.write_high_water_bytes:
                     stream.drained = self.loop.create_future()
                     await stream.drained  # the client must read before the stream goes on
@@ -872,11 +859,11 @@ class _Connection(asyncio.Protocol):
         self._refuse(stream, status, details)
 
     # -- answers --------------------------------------------------------------------------------
-    def _answer(self, stream: _Stream, payload: bytes) -> None:
-        """A unary call's message and an OK status."""
+    def _answer(self, stream: _Stream, parts: list[bytes]) -> None:
+        """A unary call's message (`parts` joined) and an OK status."""
         if stream.answered or self.streams.get(stream.id) is not stream:
             return
-        self._send_message(stream, payload)
+        self._send_message(stream, parts)
         self._end(stream, _OK_TRAILERS)
 
     def _refuse(self, stream: _Stream, status: grpc.StatusCode, details: str) -> None:
@@ -885,21 +872,27 @@ class _Connection(asyncio.Protocol):
             return
         self._end(stream, _status_block(_code(status), details))
 
-    def _send_message(self, stream: _Stream, payload: bytes) -> None:
+    def _send_message(self, stream: _Stream, parts: list[bytes]) -> None:
+        """One gRPC message (`parts` joined), in one DATA frame when flow control allows."""
         sid = stream.id
         if not stream.headers_sent:
             stream.headers_sent = True
             self._emit(_frame(HEADERS, END_HEADERS, sid, self._block(_RESPONSE_HEADERS)))
-        data = b"\x00" + _U32.pack(len(payload)) + payload
-        n = len(data)
+        size = 0
+        for part in parts:
+            size += len(part)
+        n = size + 5
         if not stream.out and n <= stream.send_window and n <= self.send_window and (
             n <= self.peer_max_frame
         ):
             stream.send_window -= n
             self.send_window -= n
-            self._emit(_frame(DATA, 0, sid, data))
+            self._emit(_FRAME.pack(n >> 16, n & 0xFFFF, DATA, 0, sid) + b"\x00" + _U32.pack(size))
+            self.out += parts  # the frame's payload goes out without another copy
             return
-        stream.out += data
+        stream.out += b"\x00" + _U32.pack(size)
+        for part in parts:
+            stream.out += part
         self._drain(stream)
 
     def _end(self, stream: _Stream, trailers: bytes) -> None:
@@ -999,6 +992,30 @@ class _Connection(asyncio.Protocol):
         out, self.out = self.out, []
         if out and not self.transport.is_closing():
             self.transport.write(b"".join(out))
+
+
+def _head(headers: list) -> tuple:
+    """(:path, POST?, gRPC content type?, grpc-timeout, grpc-encoding, other metadata)."""
+    method = b""
+    post = content = False
+    metadata: list = []
+    timeout = None
+    encoding = b"identity"
+    for name, value in headers:
+        if name[:1] == b":":
+            if name == b":path":
+                method = value
+            elif name == b":method":
+                post = value == b"POST"
+        elif name == b"content-type":
+            content = value.startswith(b"application/grpc")
+        elif name == b"grpc-timeout":
+            timeout = value
+        elif name == b"grpc-encoding":
+            encoding = value
+        elif name != b"te":
+            metadata.append((name.decode("latin-1"), value.decode("latin-1")))
+    return method, post, content, timeout, encoding, tuple(metadata)
 
 
 def _wake(future: asyncio.Future | None) -> None:

@@ -29,6 +29,7 @@ from analyzer.worker.manager import ModelManager
 from analyzer.worker.names import check_model_name
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
+from analyzer.worker.validate import check_once
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_TYPE = "application/json"
@@ -230,18 +231,8 @@ class RestApi:
             correlation_id=plan.correlation,
         )
         http.on_disconnect(request.cancel)
-        checked = plan.checked
-        if checked is not None:  # a kept plan: its layout is checked once per model version
-            validator = model.validator
-            batch = checked.get(validator)
-            if batch is None:
-                validator.check(request)
-                if validator.pure:
-                    if len(checked) >= _Plans.MAX_HEADS:
-                        del checked[next(iter(checked))]
-                    checked[validator] = request.batch_size
-            else:
-                request.batch_size = batch
+        if plan.checked is not None:  # a kept plan: its layout is checked once per model version
+            check_once(model.validator, request, plan.checked)
             model.submit(request, checked=True)
             return
         model.submit(request)
@@ -375,7 +366,7 @@ class _Plans:
 
     MAX_PLANS = 64
     MAX_KEY_BYTES = 4096
-    MAX_HEADS = 16  # response layouts, and model versions that accepted it, per plan
+    MAX_HEADS = 16  # response layouts per plan
 
     def __init__(self) -> None:
         self.plans: dict[bytes, _Plan] = {}

@@ -91,6 +91,26 @@ class RequestValidator:
                     )
 
 
+def check_once(validator: RequestValidator, request: InferRequest, verdicts: dict) -> None:
+    """Check a request whose layout repeats: a pure validator's verdict is kept in `verdicts`.
+
+    `verdicts` maps the validators that accepted this layout to the batch size they found; it
+    holds at most MAX_VERDICTS (the oldest goes). Raises InferError as `check` does.
+    """
+    batch = verdicts.get(validator)
+    if batch is not None:
+        request.batch_size = batch
+        return
+    validator.check(request)
+    if validator.pure:
+        if len(verdicts) >= MAX_VERDICTS:
+            del verdicts[next(iter(verdicts))]
+        verdicts[validator] = request.batch_size
+
+
+MAX_VERDICTS = 16
+
+
 def model_type_name(data_type: int) -> str:
     return model_config_pb2.DataType.Name(data_type)
 

@@ -1,0 +1,153 @@
+"""Repeated ModelInferRequest layouts: a kept layout must mean exactly what protobuf would parse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from analyzer.config.model_config import parse_model_config
+from analyzer.worker.errors import InferError
+from analyzer.worker.grpc import InferenceService
+from analyzer.worker.grpc_layouts import Layouts, raw_start
+from analyzer.worker.validate import RequestValidator
+
+CONFIG = """
+name: "m"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+        { name: "B" data_type: TYPE_INT64 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def message(a: np.ndarray, b: np.ndarray, **fields) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="m", **fields)
+    for name, array, wire in (("A", a, "FP32"), ("B", b, "INT64")):
+        request.inputs.add(name=name, datatype=wire, shape=list(array.shape))
+        request.raw_input_contents.append(array.tobytes())
+    request.outputs.add(name="Y")
+    request.parameters["priority"].uint64_param = 2
+    return request
+
+
+class Model:
+    name, version = "m", 1
+
+    def __init__(self, config: str = CONFIG) -> None:
+        self.validator = RequestValidator(parse_model_config(config))
+        self.submitted: list = []
+
+    def submit(self, request, checked: bool = False) -> None:
+        if not checked:
+            self.validator.check(request)
+        self.submitted.append(request)
+
+
+class Manager:
+    def __init__(self) -> None:
+        self.model = Model()
+
+    def get(self, name: str, version: str = "") -> Model:
+        if name != "m":
+            raise InferError(f"Request for unknown model: '{name}' is not found")
+        return self.model
+
+
+@pytest.fixture
+def service() -> InferenceService:
+    return InferenceService(Manager(), api=None)
+
+
+def values(rng, batch: int = 1, width: int = 3):
+    return (rng.standard_normal((batch, 4)).astype(np.float32),
+            rng.integers(-9, 9, (batch, width)).astype(np.int64))  # fmt: skip
+
+
+def test_raw_start_finds_the_first_raw_field_or_refuses():
+    rng = np.random.default_rng(0)
+    data = message(*values(rng)).SerializeToString()
+    start = raw_start(data)
+    assert start > 0 and data[start] == 0x3A
+    assert pb.ModelInferRequest.FromString(data[:start]).raw_input_contents == []
+    assert raw_start(pb.ModelInferRequest(model_name="m").SerializeToString()) == -1
+    assert raw_start(data + b"\x40\x01") == start  # what follows is the layout's to check
+    assert raw_start(b"\x0a\x05ab") == -1  # ends inside a field
+    assert raw_start(b"\x08\x01" + data) == -1  # a varint field: not ModelInferRequest's
+    assert raw_start(b"\x0a" + b"\xff" * 6) == -1  # a runaway length
+
+
+def test_a_repeated_layout_is_served_from_its_kept_parse(service):
+    rng = np.random.default_rng(1)
+    model = service.manager.model
+    first = values(rng)
+    service.submit_bytes(message(*first, id="x").SerializeToString(), None)
+    assert len(service.layouts.layouts) == 1
+    for _ in range(3):
+        a, b = values(rng)
+        got_model, fields, requested, request = service.submit_bytes(
+            message(a, b, id="x").SerializeToString(), None)  # fmt: skip
+        assert service.layouts.last is not None and got_model is model
+        assert requested == ("Y",) and fields.id == "x" and not fields.raw_input_contents
+        np.testing.assert_array_equal(request.inputs["A"], a)
+        np.testing.assert_array_equal(request.inputs["B"], b)
+        assert request.wire_types == {"A": "FP32", "B": "INT64"}
+        assert request.priority == 2 and request.id == "x" and request.batch_size == 1
+    assert len(model.submitted) == 4 and len(service.layouts.layouts) == 1
+
+
+def test_other_sizes_fields_or_trailing_bytes_take_the_general_path(service):
+    rng = np.random.default_rng(2)
+    service.submit_bytes(message(*values(rng)).SerializeToString(), None)
+    layouts = service.layouts
+    assert layouts.match(message(*values(rng)).SerializeToString()) is not None
+    assert layouts.match(message(*values(rng, width=5)).SerializeToString()) is None
+    assert layouts.match(message(*values(rng, batch=2)).SerializeToString()) is None
+    assert layouts.match(message(*values(rng), id="other").SerializeToString()) is None
+    data = message(*values(rng)).SerializeToString()
+    assert layouts.match(data + b"\x0a\x01m") is None  # a field after the raw contents
+    start = raw_start(data)
+    swapped = bytearray(data)  # the same length, but the two raw fields cut differently
+    swapped[start + 1] += 4
+    assert layouts.match(bytes(swapped)) is None
+    # a general-path request with a new width is accepted and teaches its own layout
+    _, _, _, request = service.submit_bytes(
+        message(*values(rng, width=5)).SerializeToString(), None)  # fmt: skip
+    assert request.inputs["B"].shape == (1, 5) and len(layouts.layouts) == 2
+
+
+def test_a_kept_layout_is_still_checked_against_a_new_model_version(service):
+    rng = np.random.default_rng(3)
+    data = message(*values(rng)).SerializeToString()
+    service.submit_bytes(data, None)
+    service.submit_bytes(data, None)
+    service.manager.model = Model(CONFIG.replace("dims: [ -1 ]", "dims: [ 7 ]"))  # reloaded
+    with pytest.raises(InferError, match="unexpected shape for input 'B'"):
+        service.submit_bytes(data, None)
+    assert service.manager.model.submitted == []
+
+
+def test_bytes_inputs_typed_contents_and_bad_requests_are_never_kept(service):
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="A", datatype="FP32", shape=[1, 4]).contents.fp32_contents.extend(
+        [1, 2, 3, 4])  # fmt: skip
+    request.inputs.add(name="B", datatype="INT64", shape=[1, 1]).contents.int64_contents.append(5)
+    _, _, _, got = service.submit_bytes(request.SerializeToString(), None)
+    assert got.inputs["B"].tolist() == [[5]] and not service.layouts.layouts
+    bad = message(np.zeros((1, 3), np.float32), np.zeros((1, 2), np.int64))
+    with pytest.raises(InferError, match="unexpected shape for input 'A'"):
+        service.submit_bytes(bad.SerializeToString(), None)
+    with pytest.raises(InferError, match="malformed request"):
+        service.submit_bytes(b"\x0a\xff", None)
+    assert not service.layouts.layouts
+
+
+def test_layouts_are_bounded(service):
+    rng = np.random.default_rng(4)
+    for i in range(Layouts.MAX_LAYOUTS + 10):
+        service.submit_bytes(message(*values(rng), id=str(i)).SerializeToString(), None)
+    assert len(service.layouts.layouts) == Layouts.MAX_LAYOUTS
+    long_id = "i" * (Layouts.MAX_PREFIX_BYTES + 1)
+    before = dict(service.layouts.layouts)
+    service.submit_bytes(message(*values(rng), id=long_id).SerializeToString(), None)
+    assert service.layouts.layouts == before
