@@ -9,6 +9,7 @@ inference_mode, inputs prepared in advance) at the batch size the worker actuall
 the worker and the offline loop are pinned to core 1 and perf_analyzer to core 0, with one torch
 thread on both sides (../shared/BENCHMARKING.md). Reported: per setting the median of the pairwise
 ratios served/offline with min and max; the figure is the best setting's median.
+`--protocol grpc` drives the worker over gRPC (Model Analyzer's default) instead of HTTP.
 
 `--ratio A/B` (e.g. `b1_dynamic8/b8_direct`) drives one worker with two settings in rounds of
 A, B and A again in a rotating order, and reports A/B and the A/A floor (A-again/A), median
@@ -45,6 +46,7 @@ from grpc_vs_http import spread  # noqa: E402
 
 PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
 SERVER_CPU, CLIENT_CPU = "1", "0"
+PROTOCOL = ["http"]  # perf_analyzer's -i, set by --protocol
 
 
 @dataclass
@@ -119,12 +121,14 @@ def stats(address: str, model: str) -> tuple[int, int, int]:
     return s["inference_count"], s["execution_count"], infer_ns
 
 
-def served(address: str, setting: Setting, window_ms: int, out: Path) -> tuple[float, float, float]:
+def served(worker, setting: Setting, window_ms: int, out: Path) -> tuple[float, float, float]:
     """perf_analyzer's throughput, the average executed batch, and the instance busy fraction."""
     model = f"tiny_cnn_{setting.name}"
+    address = worker.http
     before = stats(address, model)
-    cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", address,
-           "-i", "http", "-b", str(setting.client_batch),
+    target = worker.grpc if PROTOCOL[0] == "grpc" else address
+    cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", target,
+           "-i", PROTOCOL[0], "-b", str(setting.client_batch),
            "--concurrency-range", str(setting.concurrency), "-p", str(window_ms), "-s", "50",
            "-f", str(out)]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -150,18 +154,18 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
     if len(names) != 2 or not all(n in by_name for n in names):
         raise SystemExit(f"--ratio wants A/B of {', '.join(by_name)}, got {args.ratio!r}")
     a, b = by_name[names[0]], by_name[names[1]]
-    worker = start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU)
+    worker = start_worker(tmp / "repo", cpus=SERVER_CPU)
     offline = Offline()
     runs = [("A", a), ("B", b), ("A-again", a)]
     got: dict[str, list[tuple[float, float]]] = {n: [] for n, _ in runs}
     eff: dict[str, list[float]] = {n: [] for n, _ in runs}
     try:
         for s in (a, b):
-            served(worker.http, s, 1000, tmp / "warm.csv")
+            served(worker, s, 1000, tmp / "warm.csv")
         for i in range(args.pairs):
             order = runs[i % 3:] + runs[: i % 3]
             for n, s in order:
-                throughput, executed, _ = served(worker.http, s, args.window_ms, tmp / "p.csv")
+                throughput, executed, _ = served(worker, s, args.window_ms, tmp / "p.csv")
                 got[n].append((throughput, executed))
             for n, _ in runs:  # the offline limit of this round, at each run's executed batch
                 throughput, executed = got[n][-1]
@@ -186,16 +190,16 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
 def compare(args: argparse.Namespace, settings: list[Setting], tmp: Path) -> int:
     """after / before / after-again workers in rotating order; the A/A floor beside the ratio."""
     workers = {
-        "after": start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU),
-        "after-again": start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU),
-        "before": start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU,
+        "after": start_worker(tmp / "repo", cpus=SERVER_CPU),
+        "after-again": start_worker(tmp / "repo", cpus=SERVER_CPU),
+        "before": start_worker(tmp / "repo", cpus=SERVER_CPU,
                                source_tree=Path(args.compare_tree).resolve()),
     }  # fmt: skip
     offline = Offline()
     names = list(workers)
     try:
         for s in settings:
-            warm = {n: served(w.http, s, 1000, tmp / "warm.csv")[1] for n, w in workers.items()}
+            warm = {n: served(w, s, 1000, tmp / "warm.csv")[1] for n, w in workers.items()}
             batch = max(1, round(warm["after"]))  # offline at the batch "after" executes
             got: dict[str, list[float]] = {n: [] for n in names}
             limits = []
@@ -203,7 +207,7 @@ def compare(args: argparse.Namespace, settings: list[Setting], tmp: Path) -> int
                 order = names[i % 3:] + names[: i % 3]
                 limits.append(offline.measure(batch, args.window_ms / 1000 * 3))
                 for n in order:
-                    got[n].append(served(workers[n].http, s, args.window_ms, tmp / "p.csv")[0])
+                    got[n].append(served(workers[n], s, args.window_ms, tmp / "p.csv")[0])
 
             def ratio(a: str, b: str, got=got) -> str:
                 return spread([x / y for x, y in zip(got[a], got[b], strict=True)])
@@ -230,7 +234,10 @@ def main() -> int:
     parser.add_argument("--compare-tree", help="another checkout's root: measure after/before")
     parser.add_argument("--settings", help="comma-separated setting names (default: all)")
     parser.add_argument("--ratio", help="A/B: two settings alternating on one worker")
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                        help="perf_analyzer's protocol (gRPC is Model Analyzer's default)")
     args = parser.parse_args()
+    PROTOCOL[0] = args.protocol
     tmp = Path(tempfile.mkdtemp(prefix="serving-eff-"))
     if args.ratio:
         make_repository(tmp / "repo")
@@ -246,12 +253,12 @@ def main() -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     make_repository(tmp / "repo")
-    worker = start_worker(tmp / "repo", "--allow-grpc", "false", cpus=SERVER_CPU)
+    worker = start_worker(tmp / "repo", cpus=SERVER_CPU)
     offline = Offline()
     results = {}
     try:
         for s in settings:
-            _, warm_batch, _ = served(worker.http, s, 1000, tmp / "warm.csv")  # warm-up
+            _, warm_batch, _ = served(worker, s, 1000, tmp / "warm.csv")  # warm-up
             batch = max(1, round(warm_batch))  # offline runs the batch the worker executes
             offline.measure(batch, 2.0)
             ratios, busy, detail = [], [], []
@@ -259,9 +266,9 @@ def main() -> int:
                 # A B, then B A: drift of the machine's speed cancels out in the median
                 if i % 2:
                     limit = offline.measure(batch, args.window_ms / 1000 * 3)
-                    throughput, executed, b = served(worker.http, s, args.window_ms, tmp / "p.csv")
+                    throughput, executed, b = served(worker, s, args.window_ms, tmp / "p.csv")
                 else:
-                    throughput, executed, b = served(worker.http, s, args.window_ms, tmp / "p.csv")
+                    throughput, executed, b = served(worker, s, args.window_ms, tmp / "p.csv")
                     limit = offline.measure(batch, args.window_ms / 1000 * 3)
                 ratios.append(throughput / limit)
                 busy.append(b)

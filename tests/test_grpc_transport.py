@@ -85,9 +85,9 @@ class Peer:
         self.sock.close()
 
 
-def add_sub_message() -> bytes:
+def add_sub_message(a: float = 3.0, b: float = 1.0) -> bytes:
     request = pb.ModelInferRequest(model_name="add_sub", id="raw")
-    for name, value in (("INPUT0", 3.0), ("INPUT1", 1.0)):
+    for name, value in (("INPUT0", a), ("INPUT1", b)):
         request.inputs.add(name=name, datatype="FP32", shape=[1, 4])
         request.raw_input_contents.append(np.full(4, value, np.float32).tobytes())
     body = request.SerializeToString()
@@ -107,10 +107,10 @@ def answer(frames: list, stream: int) -> tuple[pb.ModelInferResponse | None, dic
     return pb.ModelInferResponse.FromString(data[5:]), trailers
 
 
-def check_add_sub(response: pb.ModelInferResponse) -> None:
+def check_add_sub(response: pb.ModelInferResponse, a: float = 3.0, b: float = 1.0) -> None:
     pairs = zip(response.outputs, response.raw_output_contents, strict=True)
     out = {o.name: np.frombuffer(raw, np.float32) for o, raw in pairs}
-    assert out["OUTPUT0"].tolist() == [4.0] * 4 and out["OUTPUT1"].tolist() == [2.0] * 4
+    assert out["OUTPUT0"].tolist() == [a + b] * 4 and out["OUTPUT1"].tolist() == [a - b] * 4
 
 
 def test_ping_and_settings_are_acknowledged(worker):
@@ -141,6 +141,35 @@ def test_headers_in_continuations_and_a_message_in_padded_pieces(worker):
         response, trailers = answer(peer.until(ends(1)), 1)
         assert trailers[b"grpc-status"] == b"0"
         check_add_sub(response)
+    finally:
+        peer.close()
+
+
+def test_repeated_calls_in_one_write_and_dribbled_byte_by_byte(worker):
+    """The same request layout again and again (the kept-layout path) with new values each
+    time: calls packed into one write, then a call whose frames arrive a few bytes at a time."""
+    peer = Peer(worker.grpc)
+    try:
+        calls = []
+        for i, stream in enumerate(range(1, 12, 2)):
+            calls += [frame(HEADERS, END_HEADERS, stream, peer.request_headers()),
+                      frame(DATA, END_STREAM, stream, add_sub_message(float(i), 0.5))]  # fmt: skip
+        peer.send(*calls)
+        frames = peer.until(ends(11))
+        for i, stream in enumerate(range(1, 12, 2)):
+            if not any(ends(stream)(f) for f in frames):
+                frames += peer.until(ends(stream))
+            response, trailers = answer(frames, stream)
+            assert trailers[b"grpc-status"] == b"0" and response.id == "raw"
+            check_add_sub(response, float(i), 0.5)
+        wire = (frame(HEADERS, END_HEADERS, 13, peer.request_headers())
+                + frame(DATA, END_STREAM, 13, add_sub_message(7.0, 2.0)))  # fmt: skip
+        for i in range(0, len(wire), 5):
+            peer.send(wire[i : i + 5])
+            time.sleep(0.001)
+        response, trailers = answer(peer.until(ends(13)), 13)
+        assert trailers[b"grpc-status"] == b"0"
+        check_add_sub(response, 7.0, 2.0)
     finally:
         peer.close()
 

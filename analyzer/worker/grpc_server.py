@@ -385,7 +385,10 @@ class _Connection(asyncio.Protocol):
         if self.closing:
             return
         buf = self.buf
-        buf += data
+        if buf or not self.preface:
+            buf += data
+        else:  # the usual case: whole frames in one read, parsed where they arrived
+            buf = data
         try:
             if not self.preface:
                 if len(buf) < len(PREFACE):
@@ -418,7 +421,10 @@ class _Connection(asyncio.Protocol):
                 view.release()
             # a new buffer, not `del buf[:offset]`: a frame's memoryview may still be referenced
             # (an error's traceback holds the frames that saw it until the error is answered)
-            self.buf = buf[offset:] if offset < size else bytearray()
+            if offset == 0 and buf is self.buf:
+                pass  # no frame was complete: nothing refers into the buffer
+            else:
+                self.buf = bytearray(buf[offset:]) if offset < size else bytearray()
         except _ConnectionError as err:
             self.go_away(err.code, str(err))
         except Exception:  # a bug must not leave the connection half-alive
