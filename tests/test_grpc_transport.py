@@ -174,6 +174,55 @@ def test_repeated_calls_in_one_write_and_dribbled_byte_by_byte(worker):
         peer.close()
 
 
+def stream_answers(frames: list, stream: int) -> list[pb.ModelStreamInferResponse]:
+    data = b"".join(f[3] for f in frames if f[0] == DATA and f[2] == stream)
+    out = []
+    while data:
+        n = int.from_bytes(data[1:5], "big")
+        out.append(pb.ModelStreamInferResponse.FromString(data[5 : 5 + n]))
+        data = data[5 + n :]
+    return out
+
+
+def test_a_stream_answers_with_the_final_flag_and_ends_on_a_malformed_message(worker):
+    peer = Peer(worker.grpc)
+    try:
+        def message(i: int, final: bool) -> bytes:
+            request = pb.ModelInferRequest.FromString(add_sub_message(float(i), 1.0)[5:])
+            request.id = str(i)
+            if final:
+                request.parameters["triton_enable_empty_final_response"].bool_param = True
+            body = request.SerializeToString()
+            return b"\x00" + struct.pack(">I", len(body)) + body
+
+        frames = [frame(HEADERS, END_HEADERS, 1, peer.request_headers("ModelStreamInfer"))]
+        frames += [frame(DATA, 0, 1, message(i, final=i % 2 == 0)) for i in range(4)]
+        frames.append(frame(DATA, END_STREAM, 1, message(4, final=True)))
+        peer.send(*frames)
+        seen = peer.until(ends(1))
+        answers = {int(a.infer_response.id): a for a in stream_answers(seen, 1)}
+        assert sorted(answers) == [0, 1, 2, 3, 4]
+        for i, a in answers.items():
+            assert not a.error_message
+            flag = a.infer_response.parameters.get("triton_final_response")
+            assert (flag is not None and flag.bool_param) == (i % 2 == 0), i
+            check_add_sub(a.infer_response, float(i), 1.0)
+        assert seen[-1][3][b"grpc-status"] == b"0"
+
+        bad = b"\x0a\xff\xff"  # a field longer than the message
+        frames = [frame(HEADERS, END_HEADERS, 3, peer.request_headers("ModelStreamInfer")),
+                  frame(DATA, 0, 3, message(7, final=False)),
+                  frame(DATA, 0, 3, b"\x00" + struct.pack(">I", len(bad)) + bad),
+                  frame(DATA, END_STREAM, 3, message(8, final=False))]  # fmt: skip
+        peer.send(*frames)
+        seen = peer.until(ends(3))
+        trailers = [f[3] for f in seen if f[0] == HEADERS and f[2] == 3][-1]
+        assert trailers[b"grpc-status"] == b"3" and b"malformed" in trailers[b"grpc-message"]
+        assert [a.infer_response.id for a in stream_answers(seen, 3)] == ["7"]
+    finally:
+        peer.close()
+
+
 def test_answers_wait_for_the_clients_flow_control_window(worker):
     peer = Peer(worker.grpc, {4: 10})  # SETTINGS_INITIAL_WINDOW_SIZE: 10 bytes per stream
     try:
