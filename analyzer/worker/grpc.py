@@ -27,7 +27,7 @@ from analyzer.datatypes import (
     wire_to_numpy,
 )
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.grpc_layouts import Layouts
+from analyzer.worker.grpc_layouts import Layouts, varint
 from analyzer.worker.http import natural_param, sequence_param, server_metadata, show_value
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
@@ -354,7 +354,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         parts = [head]
         for name in requested or outputs:
             blob = outputs[name].tobytes()  # the head's key holds a fixed-size dtype: C order
-            parts += (_RAW_OUTPUT_TAG + _varint(len(blob)), blob)
+            parts += (_RAW_OUTPUT_TAG + varint(len(blob)), blob)
         return parts
 
     @staticmethod
@@ -401,15 +401,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 _MAX_HEADS = 256
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:

@@ -54,7 +54,8 @@ def raw_start(data: bytes) -> int:
     return -1
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """A protobuf base-128 varint (lengths of length-delimited fields)."""
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -143,7 +144,7 @@ class Layouts:
         for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
             if tensor.datatype == "BYTES":
                 return
-            frame = bytes((_RAW_TAG,)) + _varint(len(raw))
+            frame = bytes((_RAW_TAG,)) + varint(len(raw))
             framing.append((offset, frame))
             offset += len(frame)
             dtype = WIRE_TO_NUMPY[tensor.datatype]

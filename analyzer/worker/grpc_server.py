@@ -421,9 +421,8 @@ class _Connection(asyncio.Protocol):
                 view.release()
             # a new buffer, not `del buf[:offset]`: a frame's memoryview may still be referenced
             # (an error's traceback holds the frames that saw it until the error is answered)
-            if offset == 0 and buf is self.buf:
-                pass  # no frame was complete: nothing refers into the buffer
-            else:
+            # (a buffer of ours in which no frame was complete is kept as it is)
+            if offset or buf is not self.buf:
                 self.buf = bytearray(buf[offset:]) if offset < size else bytearray()
         except _ConnectionError as err:
             self.go_away(err.code, str(err))
@@ -818,8 +817,7 @@ class _Connection(asyncio.Protocol):
             self._refuse(stream, grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
             return
         answer += (model, fields, requested)
-        if not stream.answered:
-            stream.cancel = request.cancel
+        stream.cancel = request.cancel
 
     def _infer_done(self, stream: _Stream, answer: list, outputs, error) -> None:
         if stream.answered or self.streams.get(stream.id) is not stream:
@@ -884,9 +882,7 @@ class _Connection(asyncio.Protocol):
         if not stream.headers_sent:
             stream.headers_sent = True
             self._emit(_frame(HEADERS, END_HEADERS, sid, self._block(_RESPONSE_HEADERS)))
-        size = 0
-        for part in parts:
-            size += len(part)
+        size = sum(map(len, parts))
         n = size + 5
         if not stream.out and n <= stream.send_window and n <= self.send_window and (
             n <= self.peer_max_frame
