@@ -516,7 +516,7 @@ class Profiler:
             point = measurer.measure(trial.load, trial.value, options.distribution)
             auto = self.config.client_processes <= 0
             cores = len(os.sched_getaffinity(0))
-            while auto and point.client_saturated and len(self.client.shards) < cores:
+            while auto and point.more_clients_help and len(self.client.shards) < cores:
                 self.client.add_process()
                 point = measurer.measure(trial.load, trial.value, options.distribution)
         finally:

@@ -62,6 +62,10 @@ SETTINGS = [
     Setting("b16_direct", 16, 2, ""),
     Setting("b32_direct", 32, 2, ""),
     Setting("b1_dynamic8", 1, 16, "dynamic_batching { max_queue_delay_microseconds: 2000 }"),
+    # the batch can fill at c=16: launched when the 16th request arrives, not when the delay ends
+    Setting("b1_dynamic16", 1, 16,
+            "dynamic_batching { preferred_batch_size: [ 16 ] max_queue_delay_microseconds: 2000 }"),
+    Setting("b1_dynamic0", 1, 16, "dynamic_batching { }"),  # Triton's default: no queue delay
 ]
 
 # The offline limit runs in one long-lived process (warmed up once), pinned like the worker:

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from serving import ROOT
+from serving import EXAMPLES, ROOT, start_worker
 
 from analyzer.loadgen.control import ServerError
 from analyzer.loadgen.inputs import InputError, ModelIO, TensorSpec, make_requests, parse_shapes
 from analyzer.loadgen.measure import MeasureSettings
 from analyzer.loadgen.output import CSV_LATENCY_COLUMNS
 from analyzer.loadgen.perf import PerfOptions, parse_range, run_perf
+from analyzer.loadgen.records import Records
 from analyzer.loadgen.server_stats import stats_delta
 
 # short, but the same code paths as the defaults
@@ -108,6 +110,70 @@ def test_saturated_client_is_flagged(examples_worker):
     )  # fmt: skip
     assert point.client_saturated
     assert any("load generator used" in w for w in point.warnings)
+
+
+def _perf_csv(url: str, tmp_path, core: str, name: str) -> tuple[dict, str]:
+    """Run `perf` at c=2 pinned to `core`; its one CSV row and its stdout."""
+    out = tmp_path / f"{name}.csv"
+    run = subprocess.run(
+        ["taskset", "-c", core, sys.executable, "-m", "analyzer", "perf", "-m", "add_sub",
+         "-u", url, "--concurrency-range", "2", "--client-processes", "1", "-f", str(out),
+         "--min-window-ms", "1000", "--warmup-ms", "200", "-p", "500", "-r", "4",
+         "--verbose-csv"],
+        capture_output=True, text=True, cwd=ROOT, timeout=180,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    with out.open() as f:
+        (row,) = list(csv.DictReader(f))
+    return row, run.stdout
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2
+    or not os.path.exists("/proc/self/schedstat"),
+    reason="needs two CPUs to pin client and server apart, and Linux schedstat",
+)  # fmt: skip
+def test_client_starved_of_cpu_is_flagged_client_bound(tmp_path):
+    """A client whose core is shared with busy processes is flagged client-bound in the CSV and
+    the console; the same client with the core to itself is not."""
+    client_core, server_core = (str(c) for c in sorted(os.sched_getaffinity(0))[:2])
+    worker = start_worker(EXAMPLES, cpus=server_core)
+    try:
+        row, stdout = _perf_csv(worker.http, tmp_path, client_core, "alone")
+        assert row["Client Bound"] == "false", row
+        assert "CLIENT-BOUND" not in stdout and "client-bound" not in stdout
+        assert float(row["Effective Concurrency"]) > 1.8
+        hogs = [
+            subprocess.Popen(["taskset", "-c", client_core, sys.executable, "-c", "while 1: pass"])
+            for _ in range(3)
+        ]
+        try:
+            row, stdout = _perf_csv(worker.http, tmp_path, client_core, "starved")
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+    finally:
+        worker.stop()
+    assert row["Client Bound"] == "true", row
+    assert float(row["Client CPU Wait"]) > 10
+    assert "CLIENT-BOUND" in stdout and "client-bound" in stdout
+    assert "starved by other processes" in stdout
+
+
+def test_in_flight_and_turnaround_from_client_timestamps():
+    # two slots, each: 100 ns in flight, then 20 ns before its next request; one rate-mode row
+    start = np.array([0, 120, 240, 0, 120, 240, 50])
+    records = Records(
+        start=start, end=start + 100, send=np.zeros(7, np.int64), recv=np.zeros(7, np.int64),
+        sched=np.zeros(7, np.int64), ok=np.ones(7, bool), slot=np.array([0, 0, 0, 7, 7, 7, -1]),
+    )  # fmt: skip
+    assert records.turnaround_ns(0, 400) == pytest.approx(20)
+    # Little's law: 7 requests of 100 ns ended in [0, 400): 700 / 400
+    assert records.in_flight(0, 400) == pytest.approx(700 / 400)
+    assert Records(slot=np.array([-1]), start=np.array([0]), end=np.array([5])).turnaround_ns(
+        0, 10
+    ) is None
 
 
 def test_input_data_file(examples_worker, tmp_path):

@@ -14,9 +14,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from analyzer.loadgen.control import ServerError, split_url
 from analyzer.loadgen.records import Records, recv_message, send_message
 from analyzer.loadgen.shard import ShardConfig
+
+_SLOTS_PER_SHARD = 1 << 32  # slot ids of shard k start at k << 32: unique once merged
 
 
 @dataclass
@@ -24,7 +28,8 @@ class ShardState:
     process: subprocess.Popen
     sock: socket.socket
     pid: int
-    samples: list[tuple[int, int, int]] = field(default_factory=list)  # (at_ns, cpu ns, sent)
+    # (at_ns, cpu ns, sent, event loop's ns on a CPU, its ns waiting for one), one per drain
+    samples: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     sent: int = 0
     outstanding: int = 0
     max_outstanding: int = 0
@@ -142,13 +147,18 @@ class LoadClient:
         for shard, command in zip(self.shards, commands, strict=True):
             send_message(shard.sock, command)
         parts, errors = [], {}
-        for shard in self.shards:
+        for index, shard in enumerate(self.shards):
             reply = recv_message(shard.sock)
             report = reply[1]
-            parts.append(Records(**report["columns"]))
+            columns = report["columns"]
+            slot = columns["slot"]
+            columns["slot"] = np.where(slot >= 0, slot + index * _SLOTS_PER_SHARD, slot)
+            parts.append(Records(**columns))
             for message, count in report["errors"].items():
                 errors[message] = errors.get(message, 0) + count
-            shard.samples.append((report["at_ns"], report["cpu_ns"], report["sent"]))
+            shard.samples.append(
+                (report["at_ns"], report["cpu_ns"], report["sent"], *report["loop_ns"])
+            )
             del shard.samples[:-4096]
             shard.sent = report["sent"]
             shard.outstanding = report["outstanding"]
@@ -170,6 +180,11 @@ class LoadClient:
     def cpu_utilization(self, t0: int, t1: int) -> list[float]:
         """Each shard's CPU use over [t0, t1] as a fraction of one core, from drain samples."""
         return self._rates(t0, t1, 1)
+
+    def loop_demand(self, t0: int, t1: int) -> list[tuple[float, float]]:
+        """Per shard, its event loop's (running, waiting for a CPU) over [t0, t1], as fractions
+        of it: together, how much of a core the loop wanted."""
+        return list(zip(self._rates(t0, t1, 3), self._rates(t0, t1, 4), strict=True))
 
     def sent_rate(self, t0: int, t1: int) -> float:
         """Requests/s all shards sent over [t0, t1] (finished or not)."""

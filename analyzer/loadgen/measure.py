@@ -45,6 +45,8 @@ class MeasureSettings:
     check_ms: int = 250  # adaptive: how often the stopping rule is evaluated
     tick_ms: int = 50  # how often shards are drained
     saturation: float = 0.9  # client CPU share of one core above which it is the bottleneck
+    min_in_flight: float = 0.9  # effective concurrency below this share of the asked: client-bound
+    max_wait: float = 0.1  # client loop waiting for a CPU longer than this share: client-bound
 
     @property
     def max_time_ms(self) -> int:
@@ -77,7 +79,14 @@ class PerfPoint:
     sent_rate: float  # requests/s the client sent in the window
     client_cpu_pct: float  # busiest client process, % of one core
     client_processes: int
-    client_saturated: bool
+    client_saturated: bool  # the busiest client process used >= `saturation` of a core
+    # mean requests in flight by the client's own clock (Little's law over the window)
+    effective_concurrency: float = 0.0
+    client_loop_pct: float = 0.0  # the busiest client event loop's time on a CPU, %
+    client_wait_pct: float = 0.0  # the same loop's time runnable but waiting for a CPU, %
+    client_turnaround_us: float | None = None  # response -> next send on a slot (concurrency)
+    client_starved: bool = False  # its loop waited for a CPU more than `max_wait` of the window
+    client_bound: bool = False  # saturated, starved of CPU, or < 90% of the asked concurrency
     percentile: int | None = None
     percentile_us: float | None = None
     ci_throughput_pct: float | None = None  # adaptive: 95% CI half-width, % of the mean
@@ -85,6 +94,11 @@ class PerfPoint:
     errors: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     monitors: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def more_clients_help(self) -> bool:
+        """Client-bound by its own work (not by a neighbour's): another process can take some."""
+        return self.client_bound and not self.client_starved
 
     @property
     def stability_latency_us(self) -> float:
@@ -337,6 +351,14 @@ class Measurer:
         )
         cpu = self.client.cpu_utilization(window.t0, window.t1)
         busiest = max(cpu) if cpu else 0.0
+        # the event loop that wanted a CPU most: ran plus waited for one, a share of the window
+        loops = self.client.loop_demand(window.t0, window.t1)
+        demand, ran, waited = max(
+            ((run + wait, run, wait) for run, wait in loops), default=(0.0, 0.0, 0.0)
+        )
+        everything = self._records()  # in-flight figures count every request, valid or not
+        in_flight = everything.in_flight(window.t0, window.t1)
+        turnaround = everything.turnaround_ns(window.t0, window.t1)
         point = PerfPoint(
             mode=mode,
             value=value,
@@ -361,6 +383,17 @@ class Measurer:
             client_cpu_pct=100.0 * busiest,
             client_processes=len(cpu),
             client_saturated=busiest >= s.saturation,
+            effective_concurrency=in_flight,
+            client_loop_pct=100.0 * ran,
+            client_wait_pct=100.0 * waited,
+            client_turnaround_us=turnaround / 1000.0 if turnaround is not None else None,
+            client_starved=waited > s.max_wait,
+            client_bound=(
+                busiest >= s.saturation
+                or demand >= s.saturation
+                or waited > s.max_wait
+                or (mode == "concurrency" and in_flight < s.min_in_flight * value)
+            ),
             percentile=s.percentile,
             percentile_us=float(np.percentile(latency, s.percentile)) if s.percentile else None,
             ci_throughput_pct=ci[0],
@@ -378,6 +411,27 @@ class Measurer:
             point.warnings.append(
                 f"the load generator used {point.client_cpu_pct:.0f}% of a core: it may be the "
                 "bottleneck, so this point is not trustworthy (add --client-processes or cores)"
+            )
+        elif point.client_loop_pct + point.client_wait_pct >= 100.0 * self.settings.saturation:
+            point.warnings.append(
+                f"the load generator's event loop wanted a whole core (ran "
+                f"{point.client_loop_pct:.0f}%, waited {point.client_wait_pct:.0f}% for one): it "
+                "is the bottleneck, so this point is not trustworthy (add client processes or "
+                "cores)"
+            )
+        if point.client_starved:
+            point.warnings.append(
+                f"the load generator waited for a CPU {point.client_wait_pct:.0f}% of the time: "
+                "it is starved by other processes (the server among them, when they share "
+                "cores), so its timestamps are late and this point is not trustworthy (give the "
+                "client cores of its own)"
+            )
+        if point.mode == "concurrency" and point.effective_concurrency < (
+            self.settings.min_in_flight * point.value
+        ):
+            point.warnings.append(
+                f"the load generator kept {point.effective_concurrency:.2f} requests in flight "
+                f"on average, not {point.value:g}: the client, not the server, sets this point"
             )
         if point.mode == "request_rate":
             waited = sum(shard.waited_for_slot for shard in self.client.shards)

@@ -36,6 +36,10 @@ CSV_EXTRA_COLUMNS = (
     "Achieved Request Rate",
     "Client CPU Utilization",
     "Client Saturated",
+    "Effective Concurrency",
+    "Client CPU Wait",
+    "Client Turnaround",
+    "Client Bound",
     "Stable",
     "Measurement Time",
 )
@@ -90,6 +94,10 @@ def csv_row(point: PerfPoint, verbose: bool) -> list[str]:
             _fmt(point.sent_rate),
             _fmt(point.client_cpu_pct),
             str(point.client_saturated).lower(),
+            _fmt(point.effective_concurrency),
+            _fmt(point.client_wait_pct),
+            str(_us(point.client_turnaround_us)) if point.client_turnaround_us is not None else "",
+            str(point.client_bound).lower(),
             str(point.stable).lower(),
             _fmt(point.wall_s),
         ]
@@ -163,8 +171,15 @@ def point_text(point: PerfPoint) -> str:
         f"    p95 latency: {_us(point.p95_us)} usec",
         f"    p99 latency: {_us(point.p99_us)} usec",
         f"    Load generator: {point.client_processes} process(es), busiest at "
-        f"{point.client_cpu_pct:.0f}% of a core; measured {point.duration_s:.2f} s "
-        f"({point.wall_s:.2f} s in all)",
+        f"{point.client_cpu_pct:.0f}% of a core (waited {point.client_wait_pct:.0f}% for one); "
+        f"{point.effective_concurrency:.2f} requests in flight on average"
+        + (
+            f", {_us(point.client_turnaround_us)} usec from a response to the next request"
+            if point.client_turnaround_us is not None
+            else ""
+        )
+        + f"; measured {point.duration_s:.2f} s ({point.wall_s:.2f} s in all)"
+        + ("; CLIENT-BOUND" if point.client_bound else ""),
     ]
     s = point.server
     if s is not None:
@@ -222,13 +237,13 @@ def summary_table(points: Sequence[PerfPoint]) -> Table:
     table = Table(title="latencies in ms", title_justify="left")
     for name in (label, "infer/s", "p50", "p90", "p99", "avg", "queue", "compute", "client",
                  "trust"):
-        table.add_column(name, justify="right", no_wrap=True)
+        # the verdict is never cut short, however narrow the terminal
+        table.add_column(name, justify="right", no_wrap=True,
+                         min_width=len("client-bound") if name == "trust" else None)
     for p in points:
         s = p.server
         compute = (s.compute_input_us + s.compute_infer_us + s.compute_output_us) if s else 0
-        trust = "ok" if p.stable and not p.client_saturated else (
-            "client-bound" if p.client_saturated else "unstable"
-        )
+        trust = "client-bound" if p.client_bound else ("ok" if p.stable else "unstable")
         table.add_row(
             f"{p.value:g}", f"{p.throughput:.1f}", f"{p.p50_us / 1000:.2f}",
             f"{p.p90_us / 1000:.2f}", f"{p.p99_us / 1000:.2f}", f"{p.latency_avg_us / 1000:.2f}",

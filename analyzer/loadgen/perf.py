@@ -123,7 +123,7 @@ def run_perf(
             )
             for value in options.values:
                 point = measurer.measure(options.mode, value, options.distribution)
-                while auto and point.client_saturated and len(client.shards) < cores:
+                while auto and point.more_clients_help and len(client.shards) < cores:
                     client.add_process()
                     point = measurer.measure(options.mode, value, options.distribution)
                 yield point

@@ -18,7 +18,8 @@ class Records:
 
     start/end bound the client latency; send is the time spent handing the request to the
     transport, recv the time from the first response byte to the parsed response; sched is the
-    time the schedule asked for the request (request-rate mode; 0 in concurrency mode).
+    time the schedule asked for the request (request-rate mode; 0 in concurrency mode); slot is
+    the concurrency slot that sent it, unique across client processes (-1 in request-rate mode).
     """
 
     start: np.ndarray = field(default_factory=lambda: _EMPTY)
@@ -27,6 +28,7 @@ class Records:
     recv: np.ndarray = field(default_factory=lambda: _EMPTY)
     sched: np.ndarray = field(default_factory=lambda: _EMPTY)
     ok: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    slot: np.ndarray = field(default_factory=lambda: _EMPTY)
 
     def __len__(self) -> int:
         return int(self.end.size)
@@ -57,7 +59,28 @@ class Records:
         return (self.end - self.start)[self.ok]
 
 
-_COLUMNS = ("start", "end", "send", "recv", "sched", "ok")
+    def in_flight(self, t0: int, t1: int) -> float:
+        """Mean requests in flight over [t0, t1) by Little's law: the summed latency of the
+        requests that ended inside it over its length (unbiased in steady state)."""
+        mask = (self.end >= t0) & (self.end < t1)
+        return float((self.end[mask] - self.start[mask]).sum()) / max(1, t1 - t0)
+
+    def turnaround_ns(self, t0: int, t1: int) -> float | None:
+        """Mean time from a response to the next request on the same slot, for requests that
+        ended inside [t0, t1); None without slots (request-rate mode)."""
+        mask = (self.end >= t0) & (self.end < t1) & (self.slot >= 0)
+        if int(np.count_nonzero(mask)) < 2:
+            return None
+        slot, start, end = self.slot[mask], self.start[mask], self.end[mask]
+        order = np.lexsort((start, slot))
+        slot, start, end = slot[order], start[order], end[order]
+        same = slot[1:] == slot[:-1]
+        if not same.any():
+            return None
+        return float((start[1:][same] - end[:-1][same]).mean())
+
+
+_COLUMNS = ("start", "end", "send", "recv", "sched", "ok", "slot")
 
 
 def send_message(sock: socket.socket, message: object) -> None:

@@ -132,6 +132,7 @@ class Shard:
         self.c_recv: list[int] = []
         self.c_sched: list[int] = []
         self.c_ok: list[bool] = []
+        self.c_slot: list[int] = []
 
     # ---- transports -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -171,7 +172,7 @@ class Shard:
         self.next_payload = (self.next_payload + 1) % len(self.payloads)
         return payload
 
-    async def _http_request(self, payload: bytes, sched: int) -> None:
+    async def _http_request(self, payload: bytes, sched: int, slot: int) -> None:
         conn = self.idle.pop() if self.idle else None
         start = now_ns()
         try:
@@ -203,9 +204,9 @@ class Shard:
             self.idle.append(conn)
         elif conn is not None and conn.transport is not None:
             conn.transport.close()
-        self._record(start, end, sent - start, recv, sched, ok)
+        self._record(start, end, sent - start, recv, sched, ok, slot)
 
-    async def _grpc_request(self, payload: bytes, sched: int) -> None:
+    async def _grpc_request(self, payload: bytes, sched: int, slot: int) -> None:
         import grpc
 
         call = self.grpc_calls[self.grpc_next]
@@ -220,25 +221,29 @@ class Shard:
             ok = False
             self.errors[f"gRPC {exc.code().name}: {exc.details()}"] += 1
         end = now_ns()
-        self._record(start, end, sent - start, 0, sched, ok)
+        self._record(start, end, sent - start, 0, sched, ok, slot)
 
-    def _record(self, start: int, end: int, send: int, recv: int, sched: int, ok: bool) -> None:
+    def _record(
+        self, start: int, end: int, send: int, recv: int, sched: int, ok: bool, slot: int
+    ) -> None:
         self.c_start.append(start)
         self.c_end.append(end)
         self.c_send.append(send)
         self.c_recv.append(recv)
         self.c_sched.append(sched)
         self.c_ok.append(ok)
+        self.c_slot.append(slot)
 
-    async def request(self, sched: int = 0) -> None:
+    async def request(self, sched: int = 0, slot: int = -1) -> None:
+        """One request; `slot`: the concurrency slot sending it (-1 in request-rate mode)."""
         self.sent += 1
         self.outstanding += 1
         self.max_outstanding_seen = max(self.max_outstanding_seen, self.outstanding)
         try:
             if self.config.protocol == "grpc":
-                await self._grpc_request(self._payload(), sched)
+                await self._grpc_request(self._payload(), sched, slot)
             else:
-                await self._http_request(self._payload(), sched)
+                await self._http_request(self._payload(), sched, slot)
         finally:
             self.outstanding -= 1
             self.slot_free.set()
@@ -256,7 +261,7 @@ class Shard:
     async def _worker(self, slot: int, generation: int) -> None:
         try:
             while self.generation == generation:
-                await self.request()
+                await self.request(0, slot)
         finally:
             self.workers -= 1
 
@@ -304,6 +309,7 @@ class Shard:
             "recv": np.array(self.c_recv, dtype=np.int64),
             "sched": np.array(self.c_sched, dtype=np.int64),
             "ok": np.array(self.c_ok, dtype=bool),
+            "slot": np.array(self.c_slot, dtype=np.int64),
         }
         self._reset_columns()
         errors, self.errors = dict(self.errors), Counter()
@@ -311,6 +317,7 @@ class Shard:
             "columns": columns,
             "errors": errors,
             "cpu_ns": time.process_time_ns(),
+            "loop_ns": loop_schedstat(),
             "at_ns": now_ns(),
             "sent": self.sent,
             "outstanding": self.outstanding,
@@ -320,6 +327,21 @@ class Shard:
         }
         self.max_outstanding_seen = self.outstanding
         return report
+
+
+def loop_schedstat() -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for one) of this process's main thread: the event
+    loop that sends and receives every request (Linux schedstat; (0, 0) where it is missing).
+
+    CPU use alone misses a starved client: sharing a core with a busy process, its loop may run
+    half the time and wait the other half, every timestamp late by that much.
+    """
+    try:
+        with open("/proc/self/schedstat", "rb") as f:
+            run, wait = f.read().split()[:2]
+        return int(run), int(wait)
+    except (OSError, ValueError):
+        return 0, 0
 
 
 def _http_error(status: int, body: bytearray) -> str:

@@ -96,6 +96,9 @@ class ProgressDisplay:
             fields["points"] += 1
             self.progress.update(task, points=fields["points"], best=fields["best"])
             mark = "" if ok else f" [yellow]breaks {'; '.join(data['violations'])}[/]"
+            if m.client_bound:
+                mark += (f" [yellow]client-bound ({m.metrics.get('effective_concurrency', 0):.1f} "
+                         f"in flight, client CPU {m.metrics.get('client_cpu_pct', 0):.0f}%)[/]")
             self.console.print(
                 f"  {result.name:<28} {_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
                 f"{throughput:9.1f} infer/s  p99 {m.metrics['perf_latency_p99']:8.3f} ms{mark}"
@@ -148,6 +151,9 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         for r in top:
             if r.violations:
                 console.print(f"  [yellow]{r.name} breaks {'; '.join(r.violations)}[/]")
+            if r.best is not None and r.best.client_bound:
+                console.print(f"  [yellow]{r.name}: its best point was client-bound: the load "
+                              "generator, not the server, limited it[/]")  # fmt: skip
         if len(measured) > len(top):
             console.print(f"  ... and {len(measured) - len(top)} more configs in the CSV")
         winner = measured[0] if measured else None

@@ -73,6 +73,10 @@ COLUMNS: dict[str, tuple[str, Getter]] = {
     "cpu_utilization": ("Server CPU Utilization (%)", _metric("cpu_utilization", 1)),
     "stable": ("Stable", lambda r, m, k: "Yes" if m.stable else "No"),
     "client_saturated": ("Client Saturated", lambda r, m, k: "Yes" if m.client_saturated else "No"),
+    "effective_concurrency": ("Effective Concurrency", _metric("effective_concurrency", 2)),
+    "client_cpu_pct": ("Client CPU (%)", _metric("client_cpu_pct", 1)),
+    "client_cpu_wait_pct": ("Client CPU Wait (%)", _metric("client_cpu_wait_pct", 1)),
+    "client_bound": ("Client Bound", lambda r, m, k: "Yes" if m.client_bound else "No"),
 }  # fmt: skip
 
 DEFAULT_INFERENCE_FIELDS = [
@@ -82,7 +86,7 @@ DEFAULT_INFERENCE_FIELDS = [
     "perf_server_queue", "perf_server_compute_input", "perf_server_compute_infer",
     "perf_server_compute_output", "perf_client_send_recv", "cpu_used_ram",
     "max_queue_delay_microseconds", "server_avg_batch", "cpu_utilization", "stable",
-    "client_saturated",
+    "effective_concurrency", "client_cpu_pct", "client_bound",
 ]  # fmt: skip
 GPU_HEADERS = {
     "model_name": "Model", "gpu_uuid": "GPU UUID", "batch_size": "Batch",

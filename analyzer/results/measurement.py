@@ -23,6 +23,7 @@ class Measurement:
     gpus: list[dict[str, Any]] = field(default_factory=list)  # per GPU: uuid, memory, util, power
     stable: bool = True
     client_saturated: bool = False
+    client_bound: bool = False  # the client, not the server, set this point (see PerfPoint)
     warnings: list[str] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -57,6 +58,8 @@ def from_point(
         "perf_client_response_wait": point.network_us / ms,
         "achieved_request_rate": point.sent_rate,
         "client_cpu_pct": point.client_cpu_pct,
+        "client_cpu_wait_pct": point.client_wait_pct,
+        "effective_concurrency": point.effective_concurrency,
     }
     if point.server is not None:
         s = point.server
@@ -97,6 +100,7 @@ def from_point(
         gpus=gpus,
         stable=point.stable,
         client_saturated=point.client_saturated,
+        client_bound=point.client_bound,
         warnings=list(point.warnings),
         errors=dict(point.errors),
         wall_s=point.wall_s,
