@@ -97,8 +97,9 @@ class PerfPoint:
 
     @property
     def more_clients_help(self) -> bool:
-        """Client-bound by its own work (not by a neighbour's): another process can take some."""
-        return self.client_bound and not self.client_starved
+        """Client-bound by its own work (not only by a neighbour's): another process can take
+        some of it. A client that is only starved would compete with itself for the same CPU."""
+        return self.client_saturated or (self.client_bound and not self.client_starved)
 
     @property
     def stability_latency_us(self) -> float:
