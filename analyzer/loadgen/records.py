@@ -58,7 +58,6 @@ class Records:
     def latency_ns(self) -> np.ndarray:
         return (self.end - self.start)[self.ok]
 
-
     def in_flight(self, t0: int, t1: int) -> float:
         """Mean requests in flight over [t0, t1) by Little's law: the summed latency of the
         requests that ended inside it over its length (unbiased in steady state)."""

@@ -97,8 +97,10 @@ class ProgressDisplay:
             self.progress.update(task, points=fields["points"], best=fields["best"])
             mark = "" if ok else f" [yellow]breaks {'; '.join(data['violations'])}[/]"
             if m.client_bound:
-                mark += (f" [yellow]client-bound ({m.metrics.get('effective_concurrency', 0):.1f} "
-                         f"in flight, client CPU {m.metrics.get('client_cpu_pct', 0):.0f}%)[/]")
+                got = m.metrics.get
+                mark += (f" [yellow]client-bound ({got('effective_concurrency', 0):.1f} in flight, "
+                         f"client CPU {got('client_cpu_pct', 0):.0f}%, waited "
+                         f"{got('client_cpu_wait_pct', 0):.0f}% for one)[/]")
             self.console.print(
                 f"  {result.name:<28} {_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
                 f"{throughput:9.1f} infer/s  p99 {m.metrics['perf_latency_p99']:8.3f} ms{mark}"
