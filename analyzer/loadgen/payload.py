@@ -1,8 +1,9 @@
 """Requests encoded once, before the load starts: the client's hot loop only writes bytes.
 
 HTTP requests use the binary tensor extension and ask for every output in binary, as
-perf_analyzer does; gRPC requests are serialized `ModelInferRequest` messages sent through a raw
-(bytes in, bytes out) method, so no protobuf work happens per request.
+perf_analyzer does; gRPC requests are serialized `ModelInferRequest` messages with gRPC's length
+prefix, written as they are by our own HTTP/2 client (grpc_client.py), so no protobuf work
+happens per request.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import numpy as np
 
 from analyzer.datatypes import tensor_to_bytes
+from analyzer.loadgen.grpc_client import grpc_message
 
 
 def http_infer_path(model: str, version: str = "") -> str:
@@ -53,7 +55,7 @@ def http_request(
 def grpc_request(
     model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
 ) -> bytes:
-    """A serialized inference.ModelInferRequest with raw input contents."""
+    """A serialized inference.ModelInferRequest with raw input contents, framed for the wire."""
     from tritonclient.grpc import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name=model, model_version=version)
@@ -63,4 +65,4 @@ def grpc_request(
         tensor.datatype = datatypes[name]
         tensor.shape.extend(array.shape)
         request.raw_input_contents.append(bytes(tensor_to_bytes(array, datatypes[name])))
-    return request.SerializeToString()
+    return grpc_message(request.SerializeToString())

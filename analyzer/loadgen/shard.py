@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import httptools
 import numpy as np
 
+from analyzer.loadgen import grpc_client
+from analyzer.loadgen.grpc_client import GrpcConnection
 from analyzer.loadgen.records import recv_message, send_message
 
 now_ns = time.monotonic_ns
@@ -35,10 +37,10 @@ class ShardConfig:
     protocol: str  # http | grpc
     host: str
     port: int
-    payloads: list[bytes]  # complete HTTP requests, or serialized ModelInferRequest messages
+    payloads: list[bytes]  # complete HTTP requests, or gRPC-framed ModelInferRequests
     seed: int = 0
     max_outstanding: int = 4096
-    grpc_channels: int = 4
+    grpc_channels: int = 1  # HTTP/2 connections; calls are multiplexed on them
 
 
 class _HttpConnection(asyncio.Protocol):
@@ -122,7 +124,7 @@ class Shard:
         self.idle: list[_HttpConnection] = []
         self.connections = 0
         self.slot_free = asyncio.Event()
-        self.grpc_calls = []
+        self.grpc_connections: list[GrpcConnection] = []
         self.grpc_next = 0
 
     def _reset_columns(self) -> None:
@@ -138,21 +140,8 @@ class Shard:
     async def open(self) -> None:
         """Connect once before reporting ready, so a bad URL fails at start, not mid-measurement."""
         if self.config.protocol == "grpc":
-            import grpc
-
-            target = f"{self.config.host}:{self.config.port}"
-            options = [
-                ("grpc.max_receive_message_length", -1),
-                ("grpc.max_send_message_length", -1),
-            ]
-            for index in range(self.config.grpc_channels):
-                channel = grpc.aio.insecure_channel(
-                    target, options=options + [("grpc.channel_id", index)]
-                )
-                await asyncio.wait_for(channel.channel_ready(), 10)
-                self.grpc_calls.append(
-                    channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-                )
+            for _ in range(self.config.grpc_channels):
+                self.grpc_connections.append(await self._grpc_connect())
         else:
             self.idle.append(await self._connect())
 
@@ -206,22 +195,42 @@ class Shard:
             conn.transport.close()
         self._record(start, end, sent - start, recv, sched, ok, slot)
 
-    async def _grpc_request(self, payload: bytes, sched: int, slot: int) -> None:
-        import grpc
+    async def _grpc_connect(self) -> GrpcConnection:
+        self.connections += 1
+        return await grpc_client.connect(self.config.host, self.config.port, now_ns)
 
-        call = self.grpc_calls[self.grpc_next]
-        self.grpc_next = (self.grpc_next + 1) % len(self.grpc_calls)
+    async def _grpc_request(self, payload: bytes, sched: int, slot: int) -> None:
+        index = self.grpc_next
+        self.grpc_next = (index + 1) % len(self.grpc_connections)
+        conn = self.grpc_connections[index]
         start = now_ns()
-        pending = call(payload)
-        sent = now_ns()
+        sent = start
+        first_byte = 0
         try:
-            await pending
+            if not conn.usable:  # lost, or the server said GOAWAY: calls go to a new one
+                conn.close()
+                conn = self.grpc_connections[index] = await self._grpc_connect()
+            waiter = conn.start(payload)
+            sent = now_ns()
+            try:
+                first_byte = await waiter
+            except grpc_client.Unsent:  # the server never processed it: send it once more
+                if conn is self.grpc_connections[index]:
+                    conn.close()
+                    self.grpc_connections[index] = await self._grpc_connect()
+                waiter = self.grpc_connections[index].start(payload)
+                sent = now_ns()
+                first_byte = await waiter
             ok = True
-        except grpc.aio.AioRpcError as exc:
+        except grpc_client.GrpcCallError as exc:
             ok = False
-            self.errors[f"gRPC {exc.code().name}: {exc.details()}"] += 1
+            self.errors[str(exc)] += 1
+        except (TimeoutError, OSError) as exc:
+            ok = False
+            self.errors[f"gRPC request failed: {exc}"] += 1
         end = now_ns()
-        self._record(start, end, sent - start, 0, sched, ok, slot)
+        recv = end - first_byte if ok and first_byte else 0
+        self._record(start, end, sent - start, recv, sched, ok, slot)
 
     def _record(
         self, start: int, end: int, send: int, recv: int, sched: int, ok: bool, slot: int

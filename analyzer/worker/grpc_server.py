@@ -34,27 +34,54 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 from tritonclient.grpc import service_pb2 as pb
 
+from analyzer.http2 import (
+    ACK,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    DEFAULT_FRAME,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    INTERNAL_ERROR,
+    MAX_WINDOW,
+    NO_ERROR,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    S_ENABLE_PUSH,
+    S_HEADER_TABLE_SIZE,
+    S_INITIAL_WINDOW_SIZE,
+    S_MAX_CONCURRENT_STREAMS,
+    S_MAX_FRAME_SIZE,
+    S_MAX_HEADER_LIST_SIZE,
+    SETTINGS,
+    STREAM_CLOSED,
+    WINDOW_UPDATE,
+    settings_payload,
+)
+from analyzer.http2 import FRAME as _FRAME
+from analyzer.http2 import U32 as _U32
+from analyzer.http2 import frame as _frame
+from analyzer.http2 import hpack_int as _hpack_int
+from analyzer.http2 import literal as _literal
 from analyzer.worker.errors import InferError
 from analyzer.worker.grpc import InferenceService
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.restrict import Restrictions
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-# frame types and flags
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE = range(9)
-CONTINUATION = 9
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-# error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED = 0, 1, 2, 3, 5
-FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 6, 7, 9, 11
-# settings
-S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE = 1, 2, 3, 4
-S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 5, 6
-
-MAX_WINDOW = (1 << 31) - 1
-DEFAULT_WINDOW = 65535
-DEFAULT_FRAME = 16384
 OUR_MAX_FRAME = 256 * 1024
 OUR_STREAM_WINDOW = 8 << 20
 OUR_CONNECTION_WINDOW = 64 << 20
@@ -79,34 +106,6 @@ _UNARY = {
 }
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _INFLATE_BITS = {b"gzip": 31, b"deflate": 15}
-
-_FRAME = struct.Struct(">BHBBI")  # length (24 bits as 8 + 16), type, flags, stream id
-_U32 = struct.Struct(">I")
-
-
-def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return _FRAME.pack(n >> 16, n & 0xFFFF, kind, flags, stream_id) + payload
-
-
-def _hpack_int(value: int, prefix: int, first: int) -> bytes:
-    """RFC 7541 §5.1 integer with a `prefix`-bit prefix; `first` holds the pattern bits."""
-    top = (1 << prefix) - 1
-    if value < top:
-        return bytes((first | value,))
-    out = bytearray((first | top,))
-    value -= top
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """A header as 'literal without indexing, new name': it leaves both HPACK tables alone."""
-    return b"\x00" + _hpack_int(len(name), 7, 0) + name + _hpack_int(len(value), 7, 0) + value
-
 
 _STATUS_200 = b"\x88"  # static table entry 8, ':status: 200'
 _RESPONSE_HEADERS = _STATUS_200 + _literal(b"content-type", b"application/grpc")
@@ -313,16 +312,13 @@ class _Connection(asyncio.Protocol):
             return
         server.connections.add(self)
         transport.set_write_buffer_limits(high=self.limits.write_high_water_bytes)
-        settings = b"".join(
-            struct.pack(">HI", key, value)
-            for key, value in (
-                (S_MAX_CONCURRENT_STREAMS, self.limits.grpc_max_concurrent_rpcs),
-                (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW),
-                (S_MAX_FRAME_SIZE, OUR_MAX_FRAME),
-                (S_MAX_HEADER_LIST_SIZE, self.limits.max_header_bytes),
-                (S_ENABLE_PUSH, 0),
-            )
-        )
+        settings = settings_payload((
+            (S_MAX_CONCURRENT_STREAMS, self.limits.grpc_max_concurrent_rpcs),
+            (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW),
+            (S_MAX_FRAME_SIZE, OUR_MAX_FRAME),
+            (S_MAX_HEADER_LIST_SIZE, self.limits.max_header_bytes),
+            (S_ENABLE_PUSH, 0),
+        ))  # fmt: skip
         self._emit(_frame(SETTINGS, 0, 0, settings))
         self._emit(_frame(WINDOW_UPDATE, 0, 0,
                           _U32.pack(OUR_CONNECTION_WINDOW - DEFAULT_WINDOW)))  # fmt: skip
