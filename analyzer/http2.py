@@ -7,7 +7,9 @@ tables and a header block prepared once can be sent on every call.
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from typing import Any
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # frame types and flags
@@ -102,3 +104,25 @@ def table_neutral(block: bytes) -> bool:
         return i == n
     except IndexError:
         return False
+
+
+class CoalescedWrites:
+    """Frames queued during one pass of the event loop go out in one write (one syscall): the
+    answers (or calls) a pass finishes share a TCP segment instead of paying one each."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+    out: list[bytes]
+    flush_pending: bool
+
+    def _emit(self, data: bytes) -> None:
+        self.out.append(data)
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_pending = False
+        out, self.out = self.out, []
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(out))

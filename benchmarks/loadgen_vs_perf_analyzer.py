@@ -1,7 +1,8 @@
 """Embedded load generator (`model-analyzer perf`) vs NVIDIA perf_analyzer 2.41.0, side by side.
 
-    .venv/bin/python benchmarks/loadgen_vs_perf_analyzer.py [--parts agreement,matched,capacity]
-        [--pairs 3] [--concurrency 1,4,16] [--protocol http]
+    .venv/bin/python benchmarks/loadgen_vs_perf_analyzer.py
+        [--parts agreement,matched,capacity,matrix,client] [--pairs 3] [--concurrency 1,4,16]
+        [--protocol http]
 
 (a) agreement: the TorchScript example tiny_cnn on one worker; for each concurrency the two tools
     run alternately (A B, B A, ...), each as a fresh command with its defaults (perf_analyzer:
@@ -16,6 +17,19 @@
     asked rate completed) is its capacity; pairs alternate the order. Target ours/perf_analyzer
     >= 0.8.
 
+(d) matrix (issue 19): add_sub and tiny_cnn, each with and without the dynamic batcher, at
+    --concurrency (default for this part 1,4,16,64), over both protocols; both tools with the same
+    three 1.5 s windows, alternating; per cell the medians ours/perf_analyzer of throughput, p50 and
+    p99, perf_analyzer's own A/A (its run against its run of the neighbouring pair), and next to
+    them for each tool the server's mean executed batch (statistics deltas around the run) and
+    the requests it held in flight (Little's law over its own CSV: throughput x mean latency)
+    and those inside the server (throughput x the server's mean time per request, statistics).
+    Target: +-10% in throughput and p50 on every cell.
+(e) client: the client's CPU per completed request, each tool at concurrency 16 on the trivial
+    add_mul model, CPU of the client's whole process tree (psutil) and completions from the server's
+    statistics over the same 8 s of steady load; capacity on one core = requests per client
+    CPU-second. Ours/perf_analyzer per protocol, alternating, with an A/A. Target >= 1.0 on gRPC.
+
 On CPU the worker is pinned to core 1 and both load generators to core 0
 (../shared/BENCHMARKING.md);
 on a machine with more cores the worker gets the upper half and the clients the lower half.
@@ -25,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import shutil
 import statistics
@@ -32,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,27 +204,207 @@ def capacity(address: str, protocol: str, pairs: int, tmp: Path) -> None:
     print(f"  capacity ratio ours/perf_analyzer {med(ratios)}; " + "; ".join(detail), flush=True)
 
 
+# ---- (d) the issue-19 matrix -----------------------------------------------------------------
+MATRIX_MODELS = ("add_sub", "add_sub_dyn", "tiny_cnn", "tiny_cnn_dyn")
+
+
+def matrix_repository(root: Path) -> Path:
+    """The two examples, each with and without `dynamic_batching { }`."""
+    for name in ("add_sub", "tiny_cnn"):
+        source = EXAMPLES / name
+        text = (source / "config.pbtxt").read_text().replace("dynamic_batching { }\n", "")
+        for variant, batched in ((name, False), (f"{name}_dyn", True)):
+            folder = root / variant
+            shutil.copytree(source, folder)
+            config = text.replace(f'name: "{name}"', f'name: "{variant}"')
+            (folder / "config.pbtxt").write_text(config + ("dynamic_batching { }\n" if batched
+                                                           else ""))  # fmt: skip
+    return root
+
+
+def server_counts(http: str, model: str) -> tuple[int, int, int, int]:
+    """(inference count, execution count, requests, their summed ns in the server) of a model,
+    from the worker's statistics."""
+    with urllib.request.urlopen(f"http://{http}/v2/models/{model}/stats", timeout=10) as r:
+        stats = json.load(r)["model_stats"][0]
+    success = stats["inference_stats"]["success"]
+    return (int(stats["inference_count"]), int(stats["execution_count"]), int(success["count"]),
+            int(success["ns"]))  # fmt: skip
+
+
+def in_flight(row: dict) -> float:
+    """Little's law over a tool's own CSV row: completions per second x mean latency."""
+    return float(row["Inferences/Second"]) * float(row["Avg latency"]) / 1e6
+
+
+def matrix_run(tool: str, worker, protocol: str, model: str, level: int, tmp: Path):
+    address = worker.grpc if protocol == "grpc" else worker.http
+    args = ["-m", model, "-u", address, "-i", protocol, "--concurrency-range", str(level),
+            *MATCHED, "--verbose-csv"]  # fmt: skip
+    if tool == "ours":
+        args += ["--measurement-mode", "time_windows"]
+    for _ in range(3):  # perf_analyzer exits without a result now and then
+        before = server_counts(worker.http, model)
+        row, _, text = run_tool(tool, args, tmp / f"m-{tool}.csv")
+        after = server_counts(worker.http, model)
+        if row:
+            executions, requests = after[1] - before[1], after[2] - before[2]
+            batch = (after[0] - before[0]) / executions if executions else 0.0
+            # Little's law inside the server: completions/s x mean time a request spent there
+            server_time = (after[3] - before[3]) / requests / 1e9 if requests else 0.0
+            return row, batch, float(row["Inferences/Second"]) * server_time
+    print(f"    {tool} gave no result: {text.strip().splitlines()[-1:]}", flush=True)
+    return None, 0.0, 0.0
+
+
+def matrix(worker, protocols: list[str], levels: list[int], pairs: int, tmp: Path) -> None:
+    print(f"(d) matrix: worker on CPU {SERVER_CPU}, clients on CPU {CLIENT_CPU}, both tools with "
+          f"3 x 1.5 s windows, {pairs} alternating pairs per cell", flush=True)  # fmt: skip
+    print("  cell | throughput ours/pa | p50 ours/pa | p99 ours/pa | pa A/A throughput | "
+          "server batch ours, pa | in flight ours, pa (ours' own timestamps) | "
+          "inside the server ours, pa", flush=True)
+    for model in MATRIX_MODELS:
+        run_tool("ours", ["-m", model, "-u", worker.http, "--concurrency-range", "4", *MATCHED,
+                          "--measurement-mode", "time_windows"], tmp / "warm.csv")  # fmt: skip
+    outside = 0
+    for protocol in protocols:
+        for model in MATRIX_MODELS:
+            for level in levels:
+                thr, p50, p99, aa, own = [], [], [], [], []
+                batch: dict[str, list[float]] = {}
+                flight: dict[str, list[float]] = {}
+                served: dict[str, list[float]] = {}
+                last_pa = None
+                for i in range(pairs):
+                    order = ("perf_analyzer", "ours") if i % 2 == 0 else ("ours", "perf_analyzer")
+                    got = {t: matrix_run(t, worker, protocol, model, level, tmp) for t in order}
+                    pa, pa_batch, pa_server = got["perf_analyzer"]
+                    ours, ours_batch, ours_server = got["ours"]
+                    if not pa or not ours:
+                        continue
+                    t_pa = float(pa["Inferences/Second"])
+                    thr.append(float(ours["Inferences/Second"]) / t_pa)
+                    p50.append(float(ours["p50 latency"]) / float(pa["p50 latency"]))
+                    p99.append(float(ours["p99 latency"]) / float(pa["p99 latency"]))
+                    if last_pa:
+                        aa.append(t_pa / last_pa)
+                    last_pa = t_pa
+                    batch.setdefault("ours", []).append(ours_batch)
+                    batch.setdefault("pa", []).append(pa_batch)
+                    flight.setdefault("ours", []).append(in_flight(ours))
+                    flight.setdefault("pa", []).append(in_flight(pa))
+                    served.setdefault("ours", []).append(ours_server)
+                    served.setdefault("pa", []).append(pa_server)
+                    if ours.get("Effective Concurrency"):
+                        own.append(float(ours["Effective Concurrency"]))
+                if not thr:
+                    print(f"  {protocol} {model} c={level}: no result", flush=True)
+                    continue
+                agree = all(0.9 <= statistics.median(v) <= 1.1 for v in (thr, p50))
+                outside += not agree
+                mid = statistics.median
+                print(f"  {protocol} {model} c={level} | {med(thr)} | {med(p50)} | {med(p99)} | "
+                      f"{med(aa)} | {mid(batch['ours']):.2f}, {mid(batch['pa']):.2f} | "
+                      f"{mid(flight['ours']):.2f}, {mid(flight['pa']):.2f}"
+                      f"{f' ({mid(own):.2f})' if own else ''} | "
+                      f"{mid(served['ours']):.2f}, {mid(served['pa']):.2f}"
+                      f"{'' if agree else ' | OUTSIDE +-10%'}", flush=True)  # fmt: skip
+    print(f"  cells outside +-10% (throughput or p50 median): {outside}", flush=True)
+
+
+# ---- (e) client CPU per request -----------------------------------------------------------------
+now = time.monotonic
+
+
+def tree_cpu(process) -> float:
+    total = 0.0
+    for proc in [process, *process.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except Exception:  # noqa: BLE001 - a child that just ended
+            pass
+    return total
+
+
+def client_cost(tool: str, worker, protocol: str, level: int, seconds: float = 8.0):
+    """(requests/s completed, client CPU-seconds per second) over `seconds` of steady load."""
+    import psutil
+
+    address = worker.grpc if protocol == "grpc" else worker.http
+    long_window = ["-p", "30000", "-r", "1"]
+    if tool == "perf_analyzer":
+        cmd = [str(PERF_ANALYZER), "-m", "add_mul", "-u", address, "-i", protocol,
+               "--concurrency-range", str(level), *long_window, "-s", "1000"]  # fmt: skip
+    else:
+        cmd = [*OURS, "-m", "add_mul", "-u", address, "-i", protocol, "--concurrency-range",
+               str(level), *long_window, "--measurement-mode", "time_windows",
+               "--client-processes", "1"]  # fmt: skip
+    proc = subprocess.Popen(["taskset", "-c", CLIENT_CPU, *cmd], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        process = psutil.Process(proc.pid)
+        time.sleep(4)  # start-up and warm-up
+        cpu0, done0, t0 = tree_cpu(process), server_counts(worker.http, "add_mul")[2], now()
+        time.sleep(seconds)
+        cpu1, done1, t1 = tree_cpu(process), server_counts(worker.http, "add_mul")[2], now()
+    finally:
+        proc.kill()
+        proc.wait()
+    return (done1 - done0) / (t1 - t0), (cpu1 - cpu0) / (t1 - t0)
+
+
+def client(worker, protocols: list[str], pairs: int, level: int = 16) -> None:
+    print(f"(e) client CPU per request: add_mul, concurrency {level}, client on CPU {CLIENT_CPU}",
+          flush=True)  # fmt: skip
+    for protocol in protocols:
+        ratios, aa, detail, last = [], [], [], {}
+        for i in range(pairs):
+            order = ("perf_analyzer", "ours") if i % 2 == 0 else ("ours", "perf_analyzer")
+            per_cpu = {}
+            for tool in order:
+                rate, cpu = client_cost(tool, worker, protocol, level)
+                per_cpu[tool] = rate / cpu if cpu else 0.0
+                detail.append(f"{tool} {rate:.0f}/s at {cpu * 100:.0f}% of a core = "
+                              f"{cpu / rate * 1e6 if rate else 0:.1f} us/request")  # fmt: skip
+            ratios.append(per_cpu["ours"] / per_cpu["perf_analyzer"])
+            if last:
+                aa.append(per_cpu["perf_analyzer"] / last["perf_analyzer"])
+            last = per_cpu
+        print(f"  {protocol}: requests per client CPU-second ours/perf_analyzer {med(ratios)}; "
+              f"perf_analyzer A/A {med(aa)}", flush=True)  # fmt: skip
+        for line in detail:
+            print(f"    {line}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="agreement,capacity",
-                        help="agreement, matched (agreement with equal windows), capacity")
+                        help="agreement, matched (agreement with equal windows), capacity, "
+                             "matrix (issue 19), client (client CPU per request)")
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--concurrency", default="1,4,16")
-    parser.add_argument("--protocol", default="http", choices=("http", "grpc"))
+    parser.add_argument("--concurrency", default="",
+                        help="levels (default 1,4,16; 1,4,16,64 for the matrix)")
+    parser.add_argument("--protocol", default="http", choices=("http", "grpc", "both"),
+                        help="both: matrix and client run each protocol")
     args = parser.parse_args()
     if not PERF_ANALYZER.exists():
         print(f"perf_analyzer is not installed at {PERF_ANALYZER} (make venv installs it)")
         return 1
     parts = set(args.parts.split(","))
+    protocols = ["http", "grpc"] if args.protocol == "both" else [args.protocol]
     tmp = Path(tempfile.mkdtemp(prefix="loadgen-bench-"))
     port = "grpc" if args.protocol == "grpc" else "http"
+    if args.protocol == "both" and parts & {"agreement", "matched", "capacity"}:
+        print("--protocol both is for the matrix and client parts")
+        return 2
     try:
         if parts & {"agreement", "matched"}:
             worker = start_worker(EXAMPLES, "--model-control-mode", "explicit", "--load-model",
                                   "tiny_cnn", cpus=SERVER_CPU)  # fmt: skip
             try:
                 address = getattr(worker, port)
-                levels = [int(c) for c in args.concurrency.split(",")]
+                levels = [int(c) for c in (args.concurrency or "1,4,16").split(",")]
                 if "agreement" in parts:
                     agreement(address, args.protocol, levels, args.pairs, tmp)
                 if "matched" in parts:
@@ -219,6 +415,19 @@ def main() -> int:
             worker = start_worker(trivial_repository(tmp / "repo"), cpus=SERVER_CPU)
             try:
                 capacity(getattr(worker, port), args.protocol, args.pairs, tmp)
+            finally:
+                worker.stop()
+        if "matrix" in parts:
+            worker = start_worker(matrix_repository(tmp / "matrix"), cpus=SERVER_CPU)
+            try:
+                levels = [int(c) for c in (args.concurrency or "1,4,16,64").split(",")]
+                matrix(worker, protocols, levels, args.pairs, tmp)
+            finally:
+                worker.stop()
+        if "client" in parts:
+            worker = start_worker(trivial_repository(tmp / "client"), cpus=SERVER_CPU)
+            try:
+                client(worker, protocols, args.pairs)
             finally:
                 worker.stop()
     finally:

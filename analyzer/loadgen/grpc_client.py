@@ -49,6 +49,7 @@ from analyzer.http2 import (
     SETTINGS,
     U32,
     WINDOW_UPDATE,
+    CoalescedWrites,
     frame,
     literal,
     settings_payload,
@@ -126,7 +127,7 @@ class _Call:
         self.window = window  # the server's window for our DATA on this stream
 
 
-class GrpcConnection(asyncio.Protocol):
+class GrpcConnection(CoalescedWrites, asyncio.Protocol):
     """One HTTP/2 connection carrying many concurrent unary calls."""
 
     def __init__(self, authority: str, clock, on_lost=None) -> None:
@@ -444,20 +445,6 @@ class GrpcConnection(asyncio.Protocol):
             self._fail(call, self.lost)
         if self.transport is not None:
             self.transport.abort()
-
-    # -- writing --------------------------------------------------------------------------------
-    def _emit(self, data: bytes) -> None:
-        """Queue bytes; all queued in one pass of the loop go out in one write."""
-        self.out.append(data)
-        if not self.flush_pending:
-            self.flush_pending = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_pending = False
-        out, self.out = self.out, []
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(out))
 
 
 async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10):

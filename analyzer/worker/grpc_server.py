@@ -69,6 +69,7 @@ from analyzer.http2 import (
     SETTINGS,
     STREAM_CLOSED,
     WINDOW_UPDATE,
+    CoalescedWrites,
     settings_payload,
 )
 from analyzer.http2 import FRAME as _FRAME
@@ -274,7 +275,7 @@ class GrpcServer:
                 conn.transport.abort()
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(CoalescedWrites, asyncio.Protocol):
     def __init__(self, server: GrpcServer) -> None:
         self.server = server
         self.limits = server.limits
@@ -976,20 +977,6 @@ class _Connection(asyncio.Protocol):
         stream.answered = True
         self._emit(_frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
         self._close(stream)
-
-    # -- writing --------------------------------------------------------------------------------
-    def _emit(self, frame: bytes) -> None:
-        """Queue a frame; everything queued in one pass of the loop goes out in one write."""
-        self.out.append(frame)
-        if not self.flush_pending:
-            self.flush_pending = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_pending = False
-        out, self.out = self.out, []
-        if out and not self.transport.is_closing():
-            self.transport.write(b"".join(out))
 
 
 def _head(headers: list) -> tuple:
