@@ -152,3 +152,27 @@ def test_calls_to_our_worker_succeed_and_reuse_one_header_block(examples_worker)
     assert all(isinstance(r, int) for r in results[:50]), results[:3]
     assert isinstance(results[50], grpc_client.GrpcCallError)
     assert "no_such_model" in str(results[50])
+
+
+def test_unreadable_answer_ends_the_calls_with_an_error():
+    """A server that answers with a header block HPACK cannot decode: calls fail, none hangs."""
+    from analyzer.http2 import END_HEADERS, HEADERS, SETTINGS, frame
+
+    async def run() -> list[object]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(frame(SETTINGS, 0, 0))
+            await reader.read(65536)  # the preface, settings and the first call
+            writer.write(frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff\xff"))
+            await writer.drain()
+            await reader.read(65536)
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await calls(port, [message("1"), message("2")])
+        finally:
+            server.close()
+
+    results = asyncio.run(run())
+    assert all(isinstance(r, ConnectionError) for r in results), results
+    assert "unreadable HTTP/2" in str(results[0])

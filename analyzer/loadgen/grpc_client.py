@@ -22,7 +22,6 @@ from urllib.parse import unquote_to_bytes
 
 import grpc
 from hpack import Decoder
-from hpack.exceptions import HPACKError
 
 from analyzer.http2 import (
     ACK,
@@ -298,8 +297,8 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
                     break
                 self._frame(kind, flags, sid & 0x7FFFFFFF, view[offset + 9 : end], now)
                 offset = end
-        except (HPACKError, ValueError, IndexError, struct.error) as exc:
-            self._broken(f"unreadable HTTP/2 from the server: {exc}")
+        except Exception as exc:  # noqa: BLE001 - whatever the server sent, the calls must end
+            self._broken(f"unreadable HTTP/2 from the server: {type(exc).__name__}: {exc}")
             return
         finally:
             view.release()
@@ -455,5 +454,9 @@ async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10
         loop.create_connection(lambda: GrpcConnection(authority, clock, on_lost), host, port),
         timeout,
     )
-    await asyncio.wait_for(conn.ready, timeout)
+    try:
+        await asyncio.wait_for(conn.ready, timeout)
+    except BaseException:
+        conn.close()
+        raise
     return conn
