@@ -114,11 +114,16 @@ def literal_headers(authority: str, path: bytes = INFER_PATH) -> bytes:
 
 
 class _Call:
-    __slots__ = ("id", "waiter", "first_byte", "http_status", "pending", "received", "window")
+    __slots__ = ("id", "waiter", "message", "tries", "first_byte", "http_status", "pending",
+                 "received", "window")
 
-    def __init__(self, stream_id: int, waiter: asyncio.Future, window: int) -> None:
+    def __init__(
+        self, stream_id: int, waiter: asyncio.Future, message: bytes, tries: int, window: int
+    ) -> None:
         self.id = stream_id
         self.waiter = waiter
+        self.message = message  # kept (not copied) to send again if the server refuses it
+        self.tries = tries
         self.first_byte = 0
         self.http_status = 0
         self.pending = memoryview(b"")  # request bytes flow control held back
@@ -145,7 +150,7 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         self.peer_window = DEFAULT_WINDOW  # the server's initial stream window
         self.peer_frame = DEFAULT_FRAME
         self.peer_streams = 1 << 31
-        self.waiting: deque = deque()  # (waiter, message) over the server's stream limit
+        self.waiting: deque = deque()  # (waiter, message, tries) over the server's stream limit
         self.blocked: deque[_Call] = deque()  # calls with request bytes held by flow control
         self.received = 0  # connection DATA bytes not yet given back
         self.decoder = Decoder()
@@ -177,7 +182,8 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.usable = False
-        self.lost = ConnectionError(f"connection closed by the server ({exc or 'EOF'})")
+        if self.lost is None:  # not after _broken: its reason is the one to report
+            self.lost = ConnectionError(f"connection closed by the server ({exc or 'EOF'})")
         if not self.ready.done():
             self.ready.set_exception(self.lost)
         if self.on_lost is not None:
@@ -187,7 +193,7 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         self.calls.clear()
         self.blocked.clear()
         while self.waiting:
-            waiter, _ = self.waiting.popleft()
+            waiter = self.waiting.popleft()[0]
             if not waiter.done():
                 waiter.set_exception(Unsent("connection closed before the call was sent"))
 
@@ -204,17 +210,17 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         if not self.usable:
             waiter.set_exception(Unsent(str(self.lost or "the connection takes no new calls")))
         elif len(self.calls) >= self.peer_streams:
-            self.waiting.append((waiter, message))
+            self.waiting.append((waiter, message, 1))
         else:
-            self._open(waiter, message)
+            self._open(waiter, message, 1)
         return waiter
 
-    def _open(self, waiter: asyncio.Future, message: bytes) -> None:
+    def _open(self, waiter: asyncio.Future, message: bytes, tries: int) -> None:
         sid = self.next_id
         self.next_id += 2
         if self.next_id > LAST_STREAM_ID:  # stream ids run out: new calls go to a new connection
             self.usable = False
-        call = _Call(sid, waiter, self.peer_window)
+        call = _Call(sid, waiter, message, tries, self.peer_window)
         self.calls[sid] = call
         block = self.head
         if sid == 1:  # the server's table size is known now (SETTINGS came before any call)
@@ -271,11 +277,11 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
 
     def _next_waiting(self) -> None:
         while self.waiting and (len(self.calls) < self.peer_streams or not self.usable):
-            waiter, message = self.waiting.popleft()
+            waiter, message, tries = self.waiting.popleft()
             if waiter.done():
                 continue
             if self.usable:
-                self._open(waiter, message)
+                self._open(waiter, message, tries)
             else:
                 waiter.set_exception(Unsent("the connection takes no new calls"))
 
@@ -349,8 +355,13 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
             call = self.calls.get(sid)
             if call is not None:
                 code = U32.unpack(payload)[0]
-                if code == 7:  # REFUSED_STREAM: the server did not process it
-                    self._fail(call, Unsent("the server refused the stream"))
+                if code == 7 and call.tries < 3:  # REFUSED_STREAM: not processed; it waits
+                    # for a free stream (the server's limit is at most what it had open)
+                    self.calls.pop(sid, None)
+                    self.peer_streams = max(1, min(self.peer_streams, len(self.calls)))
+                    self.waiting.appendleft((call.waiter, call.message, call.tries + 1))
+                elif code == 7:
+                    self._fail(call, Unsent("the server refused the stream 3 times"))
                 else:
                     self._fail(call, GrpcCallError(
                         "CANCELLED" if code == 8 else "INTERNAL",
