@@ -176,3 +176,33 @@ def test_unreadable_answer_ends_the_calls_with_an_error():
     results = asyncio.run(run())
     assert all(isinstance(r, ConnectionError) for r in results), results
     assert "unreadable HTTP/2" in str(results[0])
+
+
+def test_shard_ends_when_its_parent_leaves_while_the_server_is_down():
+    """A client process must not outlive the profile that started it, even while every call
+    fails to reconnect (seen: orphaned shards spinning at 80% of a core after a Ctrl-C)."""
+    import subprocess
+
+    from analyzer.loadgen.client import LoadClient
+
+    peer = Peer()
+    client = LoadClient("grpc", f"127.0.0.1:{peer.port}", [message("1")], processes=1)
+    client.start()
+    try:
+        client.set_concurrency(64)
+        time.sleep(0.3)
+        assert peer.calls > 0
+        peer.server.stop(0)  # every call now fails and reconnects at once
+        time.sleep(0.3)
+        client.drain()
+        shard = client.shards[0]
+        shard.sock.close()  # the parent goes away without a word
+        try:
+            shard.process.wait(15)
+        except subprocess.TimeoutExpired:
+            shard.process.kill()
+            pytest.fail("the shard kept running after its parent left")
+        client.shards = []
+    finally:
+        client.close()
+        peer.stop()

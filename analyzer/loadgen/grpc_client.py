@@ -458,16 +458,20 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
 
 
 async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10):
-    """An open connection whose SETTINGS exchange is done."""
+    """An open connection whose SETTINGS exchange is done. (asyncio.timeout, not wait_for: in
+    Python 3.11 wait_for can swallow a cancellation that races a fast failure, and a shard whose
+    parent left then spun reconnecting to a stopped server instead of ending.)"""
     loop = asyncio.get_running_loop()
     authority = f"{host}:{port}"
-    _, conn = await asyncio.wait_for(
-        loop.create_connection(lambda: GrpcConnection(authority, clock, on_lost), host, port),
-        timeout,
-    )
+    conn = None
     try:
-        await asyncio.wait_for(conn.ready, timeout)
+        async with asyncio.timeout(timeout):
+            _, conn = await loop.create_connection(
+                lambda: GrpcConnection(authority, clock, on_lost), host, port
+            )
+            await conn.ready
     except BaseException:
-        conn.close()
+        if conn is not None:
+            conn.close()
         raise
     return conn

@@ -125,6 +125,7 @@ class Shard:
         self.connections = 0
         self.slot_free = asyncio.Event()
         self.grpc_connections: list[GrpcConnection] = []
+        self.grpc_reconnects: dict[int, asyncio.Task] = {}
         self.grpc_next = 0
 
     def _reset_columns(self) -> None:
@@ -199,26 +200,40 @@ class Shard:
         self.connections += 1
         return await grpc_client.connect(self.config.host, self.config.port, now_ns)
 
+    async def _grpc_conn(self, index: int) -> GrpcConnection:
+        """The index-th connection, reopened once (one attempt shared by every call waiting on
+        it) when it was lost or the server said GOAWAY."""
+        conn = self.grpc_connections[index]
+        if conn.usable:
+            return conn
+        pending = self.grpc_reconnects.get(index)
+        if pending is None:
+            conn.close()
+            pending = self.loop.create_task(self._grpc_connect())
+            self.grpc_reconnects[index] = pending
+            pending.add_done_callback(lambda task: self._reconnected(index, task))
+        return await asyncio.shield(pending)
+
+    def _reconnected(self, index: int, task: asyncio.Task) -> None:
+        self.grpc_reconnects.pop(index, None)
+        if not task.cancelled() and task.exception() is None:
+            self.grpc_connections[index] = task.result()
+
     async def _grpc_request(self, payload: bytes, sched: int, slot: int) -> None:
         index = self.grpc_next
         self.grpc_next = (index + 1) % len(self.grpc_connections)
-        conn = self.grpc_connections[index]
         start = now_ns()
         sent = start
         first_byte = 0
         try:
-            if not conn.usable:  # lost, or the server said GOAWAY: calls go to a new one
-                conn.close()
-                conn = self.grpc_connections[index] = await self._grpc_connect()
+            conn = await self._grpc_conn(index)
             waiter = conn.start(payload)
             sent = now_ns()
             try:
                 first_byte = await waiter
             except grpc_client.Unsent:  # the server never processed it: send it once more
-                if conn is self.grpc_connections[index]:
-                    conn.close()
-                    self.grpc_connections[index] = await self._grpc_connect()
-                waiter = self.grpc_connections[index].start(payload)
+                conn = await self._grpc_conn(index)
+                waiter = conn.start(payload)
                 sent = now_ns()
                 first_byte = await waiter
             ok = True
@@ -372,6 +387,13 @@ async def _serve(sock: socket.socket) -> None:
         send_message(sock, ("error", f"cannot connect to {config.host}:{config.port}: {exc}"))
         return
     send_message(sock, ("ready", os.getpid()))
+    try:
+        await _commands(sock, shard, loop)
+    finally:  # the parent left or asked to stop: every load loop ends at its next turn
+        shard.idle_load()
+
+
+async def _commands(sock: socket.socket, shard: Shard, loop) -> None:
     reader, writer = await asyncio.open_connection(sock=sock)
     while True:
         header = await reader.readexactly(8)
