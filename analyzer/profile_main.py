@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
-import threading
 import traceback
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -97,42 +95,14 @@ def profile_command(argv: list[str]) -> int:
             return 1
 
 
-@contextlib.contextmanager
-def _reliable_ctrl_c() -> Iterator[threading.Event]:
-    """Ctrl-C that cannot be lost. Python drops an exception raised while a finalizer (`__del__`)
-    runs, so a KeyboardInterrupt landing there let a profile run on to the end (seen once in CI:
-    exit 0 after SIGINT). The handler also sets a flag that every progress event checks."""
-    interrupted = threading.Event()
-    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # e.g. started with `nohup … &`
-    if ignored or threading.current_thread() is not threading.main_thread():
-        yield interrupted
-        return
-
-    def handler(signum, frame) -> None:
-        interrupted.set()
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _profile(config) -> int:
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
     for note in config.notes:
         console.print(f"note: {note}", markup=False)
     try:
-        with ProgressDisplay(console) as display, _reliable_ctrl_c() as interrupted:
-
-            def listener(event: str, data: dict) -> None:
-                display(event, data)
-                if interrupted.is_set():  # an interrupt Python had to drop (see _reliable_ctrl_c)
-                    raise KeyboardInterrupt
-
-            outcome = Profiler(config, listener).run()
+        with ProgressDisplay(console) as display:
+            outcome = Profiler(config, display).run()
     except (ProfileConfigError, FolderError, RepositoryError, SearchSpaceError,
             LaunchSetupError) as exc:  # fmt: skip
         err.print(f"error: {exc}", markup=False, soft_wrap=True)

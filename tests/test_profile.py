@@ -248,10 +248,16 @@ def test_request_rate_search_with_a_memory_objective(tmp_path):
         assert float(row["RAM Usage (MB)"]) > 10
 
 
+def _interruptible() -> None:
+    """Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`,
+    nohup) hands its children SIGINT ignored, and a program rightly keeps that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_worker_and_keeps_the_points(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "analyzer", "profile", *SEED, *FAST], cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible,
     )  # fmt: skip
     checkpoint = tmp_path / "EXP" / "checkpoints" / "profile.ckpt.jsonl"
     deadline = time.monotonic() + 300
