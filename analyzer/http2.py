@@ -1,8 +1,6 @@
 """HTTP/2 wire facts (RFC 9113, RFC 7541) shared by the worker's gRPC server and the load
-generator's gRPC client: frame layout, codes, and the two HPACK encodings both sides write.
-
-Both sides write header fields as "literal without indexing", so neither touches the peer's HPACK
-tables and a header block prepared once can be sent on every call.
+generator's gRPC client: frame layout, codes, HPACK integers and literals, and the check that
+lets a decoded header block be reused.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_server_going_away_fails_calls_without_hanging():
 def test_calls_to_our_worker_succeed_and_reuse_one_header_block(examples_worker):
     from analyzer.http2 import table_neutral
 
-    first, later, _ = grpc_client.request_headers("127.0.0.1:1")
+    first, later, _, _ = grpc_client.request_headers("127.0.0.1:1")
     assert not table_neutral(first) and table_neutral(later)
     array = {"INPUT0": np.ones((1, 4), np.float32), "INPUT1": np.ones((1, 4), np.float32)}
     body = grpc_request("add_sub", "", array, {"INPUT0": "FP32", "INPUT1": "FP32"})

@@ -20,7 +20,6 @@ import struct
 from collections import deque
 from urllib.parse import unquote_to_bytes
 
-import grpc
 from hpack import Decoder
 
 from analyzer.http2 import (
@@ -60,7 +59,15 @@ RECV_STREAM_WINDOW = 16 << 20
 RECV_CONNECTION_WINDOW = 64 << 20
 RECV_MAX_FRAME = 1 << 20
 LAST_STREAM_ID = (1 << 31) - 1
-STATUS_NAMES = {status.value[0]: status.name for status in grpc.StatusCode}
+
+
+def status_name(code: int) -> str:
+    """grpc-status as its name (grpcio is imported only when a call fails: a client process
+    starts ~0.1 s sooner without it)."""
+    import grpc
+
+    names = {status.value[0]: status.name for status in grpc.StatusCode}
+    return names.get(code, str(code))
 
 
 class GrpcCallError(Exception):
@@ -79,13 +86,14 @@ def grpc_message(message: bytes) -> bytes:
     return b"\x00" + U32.pack(len(message)) + message
 
 
-def request_headers(authority: str, path: bytes = INFER_PATH) -> tuple[bytes, bytes, int]:
-    """The header blocks of a connection's calls: (first, every later one, table bytes needed).
+def request_headers(authority: str, path: bytes = INFER_PATH) -> tuple[bytes, bytes, bytes, int]:
+    """The header blocks of a connection's calls: (first, every later one, literals, table bytes
+    needed).
 
     The first call adds its fields to the server's HPACK table (incremental indexing) and every
     later call names them by index, as grpc's own clients do: the server then sees the same few
     bytes on every call, which a server may decode once (ours does). Where the server's table is
-    too small, every call sends the fields as literals instead (the first block of `literal`s).
+    too small, every call sends the fields as literals without indexing instead.
     """
     fields = (
         (b":path", path),
@@ -97,20 +105,9 @@ def request_headers(authority: str, path: bytes = INFER_PATH) -> tuple[bytes, by
     first = b"\x83\x86" + b"".join(b"\x40" + literal(n, v)[1:] for n, v in fields)
     # the newest entry is index 62: the first field added is the oldest
     later = b"\x83\x86" + bytes(0x80 | (62 + len(fields) - 1 - i) for i in range(len(fields)))
+    literals = b"\x83\x86" + b"".join(literal(n, v) for n, v in fields)
     needed = sum(len(n) + len(v) + 32 for n, v in fields)  # RFC 7541 §4.1 entry sizes
-    return first, later, needed
-
-
-def literal_headers(authority: str, path: bytes = INFER_PATH) -> bytes:
-    """The same fields as literals without indexing: no HPACK state on either side."""
-    return (
-        b"\x83\x86"
-        + literal(b":path", path)
-        + literal(b":authority", authority.encode())
-        + literal(b"content-type", b"application/grpc")
-        + literal(b"te", b"trailers")
-        + literal(b"user-agent", b"model-analyzer-loadgen")
-    )
+    return first, later, literals, needed
 
 
 class _Call:
@@ -135,8 +132,9 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
     """One HTTP/2 connection carrying many concurrent unary calls."""
 
     def __init__(self, authority: str, clock, on_lost=None) -> None:
-        self.head, self.head_later, self.table_needed = request_headers(authority)
-        self.literal_head = literal_headers(authority)
+        self.head_first, self.head_later, self.head_literal, self.table_needed = (
+            request_headers(authority)
+        )
         self.peer_table = 4096  # the server's HPACK table size (SETTINGS_HEADER_TABLE_SIZE)
         self.clock = clock
         self.on_lost = on_lost
@@ -222,11 +220,11 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
             self.usable = False
         call = _Call(sid, waiter, message, tries, self.peer_window)
         self.calls[sid] = call
-        block = self.head
+        block = self.head_later
         if sid == 1:  # the server's table size is known now (SETTINGS came before any call)
             if self.peer_table < self.table_needed:
-                block = self.head = self.head_later = self.literal_head
-        self.head = self.head_later
+                self.head_later = self.head_literal
+            block = self.head_first if self.peer_table >= self.table_needed else self.head_literal
         head = FRAME.pack(0, len(block), HEADERS, END_HEADERS, sid) + block
         n = len(message)
         if n <= call.window and n <= self.send_window and n <= self.peer_frame:
@@ -266,7 +264,7 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
             if not call.waiter.done():
                 call.waiter.set_result(call.first_byte)
         else:
-            code = STATUS_NAMES.get(grpc_status, str(grpc_status))
+            code = status_name(grpc_status)
             self._fail(call, GrpcCallError(code, details))
         self._next_waiting()
 

@@ -202,7 +202,8 @@ class Shard:
 
     async def _grpc_conn(self, index: int) -> GrpcConnection:
         """The index-th connection, reopened once (one attempt shared by every call waiting on
-        it) when it was lost or the server said GOAWAY."""
+        it) when it was lost or the server said GOAWAY (callers check `usable` first: the usual
+        case costs no coroutine)."""
         conn = self.grpc_connections[index]
         if conn.usable:
             return conn
@@ -226,7 +227,9 @@ class Shard:
         sent = start
         first_byte = 0
         try:
-            conn = await self._grpc_conn(index)
+            conn = self.grpc_connections[index]
+            if not conn.usable:
+                conn = await self._grpc_conn(index)
             waiter = conn.start(payload)
             sent = now_ns()
             try:
