@@ -176,6 +176,21 @@ def test_in_flight_and_turnaround_from_client_timestamps():
     ) is None
 
 
+def test_a_window_counts_requests_by_their_end_like_perf_analyzer():
+    # a closed loop of 4 slots, each request 100 ns: at t0=250 four requests are in flight.
+    # perf_analyzer's ValidLatencyMeasurement keeps every request that ends inside the window;
+    # requiring the start inside too would read 12 instead of 16 per 400 ns (the bias was c/N)
+    start = np.repeat(np.arange(0, 1000, 100), 4)
+    n = start.size
+    records = Records(
+        start=start, end=start + 100, send=np.zeros(n, np.int64), recv=np.zeros(n, np.int64),
+        sched=np.zeros(n, np.int64), ok=np.ones(n, bool), slot=np.tile(np.arange(4), n // 4),
+    )  # fmt: skip
+    window = records.ended_in(250, 650)
+    assert len(window) == 16
+    assert window.in_flight(250, 650) == pytest.approx(4.0)
+
+
 def test_input_data_file(examples_worker, tmp_path):
     data = {"data": [{"INPUT0": [1, 2, 3, 4], "INPUT1": {"content": [1, 1, 1, 1], "shape": [4]}}]}
     path = tmp_path / "data.json"

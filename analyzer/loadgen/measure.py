@@ -218,13 +218,13 @@ class Measurer:
 
                 def enough(mark=mark, t0=t0) -> bool:
                     recs = self._records()
-                    return int(np.count_nonzero(recs.start[mark:] >= t0)) >= s.request_count
+                    return int(np.count_nonzero(recs.end[mark:] >= t0)) >= s.request_count
 
                 self._run_for(s.max_time_ms / 1000.0, until=enough)
             else:
                 self._run_for(s.window_ms / 1000.0)
             t1, stats1 = self._stats()
-            recs = self._records().inside(t0, t1)
+            recs = self._records().ended_in(t0, t1)
             windows.append(_Window(t0, t1, recs, stats0, stats1))
             if len(windows) >= 3 and self._windows_stable(windows[-3:]):
                 return self._merge(windows[-3:]), len(windows), True

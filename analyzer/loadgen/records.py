@@ -48,12 +48,14 @@ class Records:
         return Records(*(getattr(self, name)[mask] for name in _COLUMNS))
 
     def ended_in(self, t0: int, t1: int) -> Records:
-        """Requests that completed inside [t0, t1): the throughput of that interval."""
-        return self.where((self.end >= t0) & (self.end < t1))
+        """Requests that completed inside [t0, t1): the throughput of that interval, and
+        perf_analyzer's valid requests (its ValidLatencyMeasurement counts by end time only).
 
-    def inside(self, t0: int, t1: int) -> Records:
-        """perf_analyzer's valid requests: started and completed inside [t0, t1]."""
-        return self.where((self.start >= t0) & (self.end <= t1))
+        Requiring the start inside too would drop the ~c requests in flight at t0 and read a
+        closed loop's throughput low by c / (requests per window): 3.6% at c=64 and 1,200/s
+        in 1.5 s windows.
+        """
+        return self.where((self.end >= t0) & (self.end < t1))
 
     def latency_ns(self) -> np.ndarray:
         return (self.end - self.start)[self.ok]
