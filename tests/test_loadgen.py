@@ -174,6 +174,13 @@ def test_in_flight_and_turnaround_from_client_timestamps():
     assert Records(slot=np.array([-1]), start=np.array([0]), end=np.array([5])).turnaround_ns(
         0, 10
     ) is None
+    # socket to socket: a response read 30 ns before its coroutine ended, the next request
+    # written 15 ns after its coroutine started: 30 + 20 + 15 ns between the two on the wire
+    wire = Records(
+        start=start, end=start + 100, send=np.full(7, 15), recv=np.full(7, 30),
+        sched=np.zeros(7, np.int64), ok=np.ones(7, bool), slot=records.slot,
+    )  # fmt: skip
+    assert wire.turnaround_ns(0, 400) == pytest.approx(65)
 
 
 def test_a_window_counts_requests_by_their_end_like_perf_analyzer():

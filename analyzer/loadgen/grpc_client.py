@@ -110,9 +110,9 @@ def request_headers(authority: str, path: bytes = INFER_PATH) -> tuple[bytes, by
     return first, later, literals, needed
 
 
-class _Call:
-    __slots__ = ("id", "waiter", "message", "tries", "first_byte", "http_status", "pending",
-                 "received", "window")
+class Call:
+    __slots__ = ("id", "waiter", "message", "tries", "sent", "first_byte", "http_status",
+                 "pending", "received", "window")
 
     def __init__(
         self, stream_id: int, waiter: asyncio.Future, message: bytes, tries: int, window: int
@@ -121,6 +121,7 @@ class _Call:
         self.waiter = waiter
         self.message = message  # kept (not copied) to send again if the server refuses it
         self.tries = tries
+        self.sent = 0  # when its first bytes were handed to the kernel (the coalesced write)
         self.first_byte = 0
         self.http_status = 0
         self.pending = memoryview(b"")  # request bytes flow control held back
@@ -142,14 +143,14 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.ready = self.loop.create_future()  # the server's SETTINGS arrived
         self.buf = bytearray()
-        self.calls: dict[int, _Call] = {}
+        self.calls: dict[int, Call] = {}
         self.next_id = 1
         self.send_window = DEFAULT_WINDOW
         self.peer_window = DEFAULT_WINDOW  # the server's initial stream window
         self.peer_frame = DEFAULT_FRAME
         self.peer_streams = 1 << 31
         self.waiting: deque = deque()  # (waiter, message, tries) over the server's stream limit
-        self.blocked: deque[_Call] = deque()  # calls with request bytes held by flow control
+        self.blocked: deque[Call] = deque()  # calls with request bytes held by flow control
         self.received = 0  # connection DATA bytes not yet given back
         self.decoder = Decoder()
         self.blocks: dict[bytes, tuple] = {}
@@ -158,6 +159,7 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         self.block_end = False
         self.out: list[bytes] = []
         self.flush_pending = False
+        self.unsent: list[Call] = []  # opened since the last write; stamped when it goes out
         self.usable = True
         self.lost: BaseException | None = None
 
@@ -200,10 +202,20 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _flush(self) -> None:
+        """Write what this loop pass queued, stamping its calls: a call waits here for the
+        others of its pass, and that wait is the client's, not the server's."""
+        if self.unsent:
+            now = self.clock()
+            for call in self.unsent:
+                call.sent = now
+            self.unsent.clear()
+        super()._flush()
+
     # -- calls ----------------------------------------------------------------------------------
     def start(self, message: bytes) -> asyncio.Future:
-        """Send one call (`message`: see grpc_message); the future ends with the first byte's
-        time of the answer, or raises GrpcCallError / ConnectionError."""
+        """Send one call (`message`: see grpc_message); the future ends with the finished call
+        (its `sent` and `first_byte` times), or raises GrpcCallError / ConnectionError."""
         waiter = self.loop.create_future()
         if not self.usable:
             waiter.set_exception(Unsent(str(self.lost or "the connection takes no new calls")))
@@ -218,8 +230,9 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         self.next_id += 2
         if self.next_id > LAST_STREAM_ID:  # stream ids run out: new calls go to a new connection
             self.usable = False
-        call = _Call(sid, waiter, message, tries, self.peer_window)
+        call = Call(sid, waiter, message, tries, self.peer_window)
         self.calls[sid] = call
+        self.unsent.append(call)
         block = self.head_later
         if sid == 1:  # the server's table size is known now (SETTINGS came before any call)
             if self.peer_table < self.table_needed:
@@ -236,7 +249,7 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         call.pending = memoryview(message)
         self._drain(call)
 
-    def _drain(self, call: _Call) -> None:
+    def _drain(self, call: Call) -> None:
         pending = call.pending
         while pending and call.window > 0 and self.send_window > 0:
             n = min(len(pending), call.window, self.send_window, self.peer_frame)
@@ -257,18 +270,18 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
             if self.calls.get(call.id) is call:
                 self._drain(call)
 
-    def _finish(self, call: _Call, grpc_status: int, details: str) -> None:
+    def _finish(self, call: Call, grpc_status: int, details: str) -> None:
         if self.calls.pop(call.id, None) is None:
             return
         if grpc_status == 0:
             if not call.waiter.done():
-                call.waiter.set_result(call.first_byte)
+                call.waiter.set_result(call)
         else:
             code = status_name(grpc_status)
             self._fail(call, GrpcCallError(code, details))
         self._next_waiting()
 
-    def _fail(self, call: _Call, error: BaseException) -> None:
+    def _fail(self, call: Call, error: BaseException) -> None:
         self.calls.pop(call.id, None)
         if not call.waiter.done():
             call.waiter.set_exception(error)

@@ -67,18 +67,26 @@ class Records:
         return float((self.end[mask] - self.start[mask]).sum()) / max(1, t1 - t0)
 
     def turnaround_ns(self, t0: int, t1: int) -> float | None:
-        """Mean time from a response to the next request on the same slot, for requests that
-        ended inside [t0, t1); None without slots (request-rate mode)."""
+        """Mean time from a response's arrival (its first byte read) to the next request on the
+        same slot reaching the kernel, for requests that ended inside [t0, t1); None without
+        slots (request-rate mode).
+
+        Measured socket to socket, so it holds what the client's own latency hides: responses
+        that arrived together wait for each other to be processed, and requests queued in one
+        event-loop pass go out in one write.
+        """
         mask = (self.end >= t0) & (self.end < t1) & (self.slot >= 0)
         if int(np.count_nonzero(mask)) < 2:
             return None
-        slot, start, end = self.slot[mask], self.start[mask], self.end[mask]
+        slot, start = self.slot[mask], self.start[mask]
         order = np.lexsort((start, slot))
-        slot, start, end = slot[order], start[order], end[order]
+        slot = slot[order]
+        sent = (start + self.send[mask])[order]
+        arrived = (self.end - self.recv)[mask][order]
         same = slot[1:] == slot[:-1]
         if not same.any():
             return None
-        return float((start[1:][same] - end[:-1][same]).mean())
+        return float((sent[1:][same] - arrived[:-1][same]).mean())
 
 
 _COLUMNS = ("start", "end", "send", "recv", "sched", "ok", "slot")

@@ -230,15 +230,12 @@ class Shard:
             conn = self.grpc_connections[index]
             if not conn.usable:
                 conn = await self._grpc_conn(index)
-            waiter = conn.start(payload)
-            sent = now_ns()
             try:
-                first_byte = await waiter
+                call = await conn.start(payload)
             except grpc_client.Unsent:  # the server never processed it: send it once more
                 conn = await self._grpc_conn(index)
-                waiter = conn.start(payload)
-                sent = now_ns()
-                first_byte = await waiter
+                call = await conn.start(payload)
+            sent, first_byte = call.sent or start, call.first_byte
             ok = True
         except grpc_client.GrpcCallError as exc:
             ok = False
