@@ -1,7 +1,7 @@
 """Embedded load generator (`model-analyzer perf`) vs NVIDIA perf_analyzer 2.41.0, side by side.
 
     .venv/bin/python benchmarks/loadgen_vs_perf_analyzer.py
-        [--parts agreement,matched,capacity,matrix,client] [--pairs 3] [--concurrency 1,4,16]
+        [--parts agreement,matched,capacity,matrix,client,wire] [--pairs 3] [--concurrency 1,4,16]
         [--protocol http]
 
 (a) agreement: the TorchScript example tiny_cnn on one worker; for each concurrency the two tools
@@ -29,6 +29,13 @@
     add_mul model, CPU of the client's whole process tree (psutil) and completions from the server's
     statistics over the same 8 s of steady load; capacity on one core = requests per client
     CPU-second. Ours/perf_analyzer per protocol, alternating, with an A/A. Target >= 1.0 on gRPC.
+(f) wire: the matrix's batcher cells (and add_sub without it, for contrast) at --concurrency
+    (default 4,16,64), each run captured by tcpdump on the loopback (pinned to the worker's core,
+    so that neither client is disturbed; `apt-get install tcpdump`, root): the requests in flight
+    as the wire saw them, and each client's time per cycle outside the wire,
+    (c - in flight) / answers per second (benchmarks/wire.py). Ours also reports it itself
+    (its "Client Turnaround" column, socket to socket). This is where the two tools differ when
+    the matrix's batcher cells disagree.
 
 On CPU the worker is pinned to core 1 and both load generators to core 0
 (../shared/BENCHMARKING.md);
@@ -54,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "examples"))
 from serving import EXAMPLES, start_worker  # noqa: E402
+from wire import Capture  # noqa: E402
 
 PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
 OURS = [sys.executable, "-m", "analyzer", "perf"]
@@ -312,6 +320,56 @@ def matrix(worker, protocols: list[str], levels: list[int], pairs: int, tmp: Pat
     print(f"  cells outside +-10% (throughput or p50 median): {outside}", flush=True)
 
 
+# ---- (f) requests in flight on the wire ---------------------------------------------------------
+WIRE_MODELS = ("add_sub_dyn", "tiny_cnn_dyn", "add_sub")
+
+
+def wire(worker, protocols: list[str], levels: list[int], pairs: int, tmp: Path) -> None:
+    if not shutil.which("tcpdump"):
+        print("(f) wire needs tcpdump (apt-get install tcpdump) and root: skipped", flush=True)
+        return
+    print(f"(f) wire: tcpdump on CPU {SERVER_CPU} (the worker's), clients on CPU {CLIENT_CPU}, "
+          f"3 x 1.5 s windows, {pairs} alternating pairs; medians", flush=True)  # fmt: skip
+    print("  cell | infer/s ours, pa | server batch ours, pa | in flight on the wire ours, pa | "
+          "client us per cycle ours, pa | ours' own Client Turnaround us", flush=True)
+    mid = statistics.median
+    for protocol in protocols:
+        port = int((worker.grpc if protocol == "grpc" else worker.http).rsplit(":", 1)[1])
+        for model in WIRE_MODELS:
+            for level in levels:
+                got: dict[str, dict[str, list[float]]] = {"ours": {}, "perf_analyzer": {}}
+                for i in range(pairs):
+                    order = ("perf_analyzer", "ours") if i % 2 == 0 else ("ours", "perf_analyzer")
+                    for tool in order:
+                        with Capture(port, tmp / "wire.pcap", SERVER_CPU) as capture:
+                            row, batch, _ = matrix_run(tool, worker, protocol, model, level, tmp)
+                        if not row:
+                            continue
+                        seen = capture.flight(protocol, level)
+                        if seen is None:
+                            print(f"    {tool}: tcpdump dropped {capture.dropped} packets; run "
+                                  "left out", flush=True)  # fmt: skip
+                            continue
+                        into = got[tool]
+                        into.setdefault("thr", []).append(float(row["Inferences/Second"]))
+                        into.setdefault("batch", []).append(batch)
+                        into.setdefault("flight", []).append(seen.in_flight)
+                        into.setdefault("client", []).append(seen.client_us)
+                        if row.get("Client Turnaround"):
+                            into.setdefault("turn", []).append(float(row["Client Turnaround"]))
+                ours, pa = got["ours"], got["perf_analyzer"]
+                if not ours.get("thr") or not pa.get("thr"):
+                    print(f"  {protocol} {model} c={level}: no result", flush=True)
+                    continue
+                print(f"  {protocol} {model} c={level}"
+                      f" | {mid(ours['thr']):.0f}, {mid(pa['thr']):.0f}"
+                      f" | {mid(ours['batch']):.2f}, {mid(pa['batch']):.2f}"
+                      f" | {mid(ours['flight']):.2f}, {mid(pa['flight']):.2f}"
+                      f" | {mid(ours['client']):.0f}, {mid(pa['client']):.0f}"
+                      f" | {mid(ours['turn']) if ours.get('turn') else float('nan'):.0f}",
+                      flush=True)  # fmt: skip
+
+
 # ---- (e) client CPU per request -----------------------------------------------------------------
 now = time.monotonic
 
@@ -381,7 +439,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="agreement,capacity",
                         help="agreement, matched (agreement with equal windows), capacity, "
-                             "matrix (issue 19), client (client CPU per request)")
+                             "matrix (issue 19), client (client CPU per request), wire (requests "
+                             "in flight seen on the loopback)")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--concurrency", default="",
                         help="levels (default 1,4,16; 1,4,16,64 for the matrix)")
@@ -396,7 +455,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="loadgen-bench-"))
     port = "grpc" if args.protocol == "grpc" else "http"
     if args.protocol == "both" and parts & {"agreement", "matched", "capacity"}:
-        print("--protocol both is for the matrix and client parts")
+        print("--protocol both is for the matrix, wire and client parts")
         return 2
     try:
         if parts & {"agreement", "matched"}:
@@ -422,6 +481,13 @@ def main() -> int:
             try:
                 levels = [int(c) for c in (args.concurrency or "1,4,16,64").split(",")]
                 matrix(worker, protocols, levels, args.pairs, tmp)
+            finally:
+                worker.stop()
+        if "wire" in parts:
+            worker = start_worker(matrix_repository(tmp / "wire"), cpus=SERVER_CPU)
+            try:
+                levels = [int(c) for c in (args.concurrency or "4,16,64").split(",")]
+                wire(worker, protocols, levels, args.pairs, tmp)
             finally:
                 worker.stop()
         if "client" in parts:
