@@ -265,7 +265,10 @@ def matrix_run(tool: str, worker, protocol: str, model: str, level: int, tmp: Pa
     return None, 0.0, 0.0
 
 
-def matrix(worker, protocols: list[str], levels: list[int], pairs: int, tmp: Path) -> None:
+def matrix(
+    worker, protocols: list[str], levels: list[int], pairs: int, tmp: Path,
+    models: tuple[str, ...] = MATRIX_MODELS,
+) -> None:
     print(f"(d) matrix: worker on CPU {SERVER_CPU}, clients on CPU {CLIENT_CPU}, both tools with "
           f"3 x 1.5 s windows, {pairs} alternating pairs per cell", flush=True)  # fmt: skip
     print("  cell | throughput ours/pa | p50 ours/pa | p99 ours/pa | pa A/A throughput | "
@@ -276,7 +279,7 @@ def matrix(worker, protocols: list[str], levels: list[int], pairs: int, tmp: Pat
                           "--measurement-mode", "time_windows"], tmp / "warm.csv")  # fmt: skip
     outside = 0
     for protocol in protocols:
-        for model in MATRIX_MODELS:
+        for model in models:
             for level in levels:
                 thr, p50, p99, aa, own = [], [], [], [], []
                 batch: dict[str, list[float]] = {}
@@ -444,6 +447,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--concurrency", default="",
                         help="levels (default 1,4,16; 1,4,16,64 for the matrix)")
+    parser.add_argument("--models", default=",".join(MATRIX_MODELS),
+                        help="the matrix's models (a subset, to look again at some cells)")
     parser.add_argument("--protocol", default="http", choices=("http", "grpc", "both"),
                         help="both: matrix and client run each protocol")
     args = parser.parse_args()
@@ -480,7 +485,7 @@ def main() -> int:
             worker = start_worker(matrix_repository(tmp / "matrix"), cpus=SERVER_CPU)
             try:
                 levels = [int(c) for c in (args.concurrency or "1,4,16,64").split(",")]
-                matrix(worker, protocols, levels, args.pairs, tmp)
+                matrix(worker, protocols, levels, args.pairs, tmp, tuple(args.models.split(",")))
             finally:
                 worker.stop()
         if "wire" in parts:
