@@ -23,7 +23,8 @@
     p99, perf_analyzer's own A/A (its run against its run of the neighbouring pair), and next to
     them for each tool the server's mean executed batch (statistics deltas around the run) and
     the requests it held in flight (Little's law over its own CSV: throughput x mean latency)
-    and those inside the server (throughput x the server's mean time per request, statistics).
+    and those inside the server (throughput x the server's mean time per request, statistics),
+    and the worker's CPU per request (its process tree, psutil, over the run).
     Target: +-10% in throughput and p50 on every cell.
 (e) client: the client's CPU per completed request, each tool at concurrency 16 on the trivial
     add_mul model, CPU of the client's whole process tree (psutil) and completions from the server's
@@ -246,23 +247,28 @@ def in_flight(row: dict) -> float:
 
 
 def matrix_run(tool: str, worker, protocol: str, model: str, level: int, tmp: Path):
+    """(CSV row, server batch, requests inside the server, the worker's CPU µs per request)."""
+    import psutil
+
     address = worker.grpc if protocol == "grpc" else worker.http
     args = ["-m", model, "-u", address, "-i", protocol, "--concurrency-range", str(level),
             *MATCHED, "--verbose-csv"]  # fmt: skip
     if tool == "ours":
         args += ["--measurement-mode", "time_windows"]
+    served = psutil.Process(worker.process.pid)
     for _ in range(3):  # perf_analyzer exits without a result now and then
-        before = server_counts(worker.http, model)
+        before, cpu0 = server_counts(worker.http, model), tree_cpu(served)
         row, _, text = run_tool(tool, args, tmp / f"m-{tool}.csv")
-        after = server_counts(worker.http, model)
+        after, cpu1 = server_counts(worker.http, model), tree_cpu(served)
         if row:
             executions, requests = after[1] - before[1], after[2] - before[2]
             batch = (after[0] - before[0]) / executions if executions else 0.0
             # Little's law inside the server: completions/s x mean time a request spent there
             server_time = (after[3] - before[3]) / requests / 1e9 if requests else 0.0
-            return row, batch, float(row["Inferences/Second"]) * server_time
+            worker_us = 1e6 * (cpu1 - cpu0) / requests if requests else 0.0
+            return row, batch, float(row["Inferences/Second"]) * server_time, worker_us
     print(f"    {tool} gave no result: {text.strip().splitlines()[-1:]}", flush=True)
-    return None, 0.0, 0.0
+    return None, 0.0, 0.0, 0.0
 
 
 def matrix(
@@ -273,7 +279,7 @@ def matrix(
           f"3 x 1.5 s windows, {pairs} alternating pairs per cell", flush=True)  # fmt: skip
     print("  cell | throughput ours/pa | p50 ours/pa | p99 ours/pa | pa A/A throughput | "
           "server batch ours, pa | in flight ours, pa (ours' own timestamps) | "
-          "inside the server ours, pa", flush=True)
+          "inside the server ours, pa | worker CPU us per request ours, pa", flush=True)
     for model in MATRIX_MODELS:
         run_tool("ours", ["-m", model, "-u", worker.http, "--concurrency-range", "4", *MATCHED,
                           "--measurement-mode", "time_windows"], tmp / "warm.csv")  # fmt: skip
@@ -285,12 +291,13 @@ def matrix(
                 batch: dict[str, list[float]] = {}
                 flight: dict[str, list[float]] = {}
                 served: dict[str, list[float]] = {}
+                worker_cpu: dict[str, list[float]] = {}
                 last_pa = None
                 for i in range(pairs):
                     order = ("perf_analyzer", "ours") if i % 2 == 0 else ("ours", "perf_analyzer")
                     got = {t: matrix_run(t, worker, protocol, model, level, tmp) for t in order}
-                    pa, pa_batch, pa_server = got["perf_analyzer"]
-                    ours, ours_batch, ours_server = got["ours"]
+                    pa, pa_batch, pa_server, pa_cpu = got["perf_analyzer"]
+                    ours, ours_batch, ours_server, ours_cpu = got["ours"]
                     if not pa or not ours:
                         continue
                     t_pa = float(pa["Inferences/Second"])
@@ -306,6 +313,8 @@ def matrix(
                     flight.setdefault("pa", []).append(in_flight(pa))
                     served.setdefault("ours", []).append(ours_server)
                     served.setdefault("pa", []).append(pa_server)
+                    worker_cpu.setdefault("ours", []).append(ours_cpu)
+                    worker_cpu.setdefault("pa", []).append(pa_cpu)
                     if ours.get("Effective Concurrency"):
                         own.append(float(ours["Effective Concurrency"]))
                 if not thr:
@@ -318,7 +327,8 @@ def matrix(
                       f"{med(aa)} | {mid(batch['ours']):.2f}, {mid(batch['pa']):.2f} | "
                       f"{mid(flight['ours']):.2f}, {mid(flight['pa']):.2f}"
                       f"{f' ({mid(own):.2f})' if own else ''} | "
-                      f"{mid(served['ours']):.2f}, {mid(served['pa']):.2f}"
+                      f"{mid(served['ours']):.2f}, {mid(served['pa']):.2f} | "
+                      f"{mid(worker_cpu['ours']):.0f}, {mid(worker_cpu['pa']):.0f}"
                       f"{'' if agree else ' | OUTSIDE +-10%'}", flush=True)  # fmt: skip
     print(f"  cells outside +-10% (throughput or p50 median): {outside}", flush=True)
 
@@ -345,7 +355,7 @@ def wire(worker, protocols: list[str], levels: list[int], pairs: int, tmp: Path)
                     order = ("perf_analyzer", "ours") if i % 2 == 0 else ("ours", "perf_analyzer")
                     for tool in order:
                         with Capture(port, tmp / "wire.pcap", SERVER_CPU) as capture:
-                            row, batch, _ = matrix_run(tool, worker, protocol, model, level, tmp)
+                            row, batch, *_ = matrix_run(tool, worker, protocol, model, level, tmp)
                         if not row:
                             continue
                         seen = capture.flight(protocol, level)
