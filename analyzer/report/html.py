@@ -8,6 +8,7 @@ single files: CSS inline, plots as PNG data URIs.
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ from analyzer.fsutil import atomic_write_bytes, atomic_write_text
 from analyzer.report import plots
 from analyzer.report.exports import RESULTS_FILE
 
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+# the repository's top-level templates/, shipped in the wheel as the package's data (in the
+# source tree analyzer/templates is a link to it), so an installed copy finds it too
+TEMPLATES = Path(str(files("analyzer") / "templates"))
 
 
 class ReportError(ValueError):

@@ -7,12 +7,15 @@ lie between them (powers of two, linear steps, listed delays) and when a walk st
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-SPACES = Path(__file__).resolve().parent.parent.parent / "search_spaces"
+# the repository's top-level search_spaces/, shipped in the wheel as the package's data (in the
+# source tree analyzer/search_spaces is a link to it), so an installed copy finds it too
+SPACES = Path(str(files("analyzer") / "search_spaces"))
 DEFAULT_SPACE = SPACES / "default.yaml"
 
 
