@@ -10,8 +10,6 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from rich.console import Console
-
 from analyzer.config.profile_config import (
     STORAGE_VARIABLE,
     ProfileConfigError,
@@ -27,6 +25,7 @@ from analyzer.report.html import render_reports
 from analyzer.repository.repository import RepositoryError
 from analyzer.search.ledger import scrub, url_secrets
 from analyzer.search.space import SearchSpaceError
+from analyzer.terminal import make_console
 
 
 class _Scrubbed:
@@ -80,7 +79,7 @@ def profile_command(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         argument_parser().print_help(sys.stdout)
         return 0
-    err = Console(stderr=True, highlight=False)
+    err = make_console(stderr=True)
     try:
         config = load_profile_config(argv)
     except ProfileConfigError as exc:
@@ -96,8 +95,8 @@ def profile_command(argv: list[str]) -> int:
 
 
 def _profile(config) -> int:
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    console = make_console()
+    err = make_console(stderr=True)
     for note in config.notes:
         console.print(f"note: {note}", markup=False)
     try:

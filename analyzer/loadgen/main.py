@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
-
 from analyzer.loadgen.control import ServerError
 from analyzer.loadgen.inputs import InputError, parse_shapes
 from analyzer.loadgen.measure import MeasurementError, MeasureSettings
 from analyzer.loadgen.output import point_text, print_summary, settings_text, write_csv
 from analyzer.loadgen.perf import PerfOptions, parse_range, run_perf
+from analyzer.terminal import make_console
 
 
 def build_options(
@@ -96,8 +95,8 @@ def build_options(
 def perf_command(
     latency_report_file: Path | None = None, verbose_csv: bool = False, **flags
 ) -> int:
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    console = make_console()
+    err = make_console(stderr=True)
     if flags.get("concurrency_range") is None and not flags.get("request_rate_range"):
         flags["concurrency_range"] = "1"
     try:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analyzer.loadgen.measure import MeasureSettings, PerfPoint
+from analyzer.terminal import print_whole
 
 CSV_LATENCY_COLUMNS = (
     "Client Send",
@@ -256,4 +257,4 @@ def summary_table(points: Sequence[PerfPoint]) -> Table:
 def print_summary(console: Console, points: Sequence[PerfPoint]) -> None:
     console.print(summary_text(points), highlight=False, markup=False, soft_wrap=True)
     if points:
-        console.print(summary_table(points))
+        print_whole(console, summary_table(points))

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from analyzer.results.ranking import ConfigResult
+from analyzer.terminal import print_whole
 
 
 def _load_label(load: str, value: int) -> str:
@@ -145,7 +146,7 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
                 f"{m.metrics['perf_throughput']:.1f}", f"{m.metrics['perf_latency_p99']:.3f}",
                 ratio, "yes" if r.satisfies else "[yellow]no[/]",
             )  # fmt: skip
-        console.print(table)
+        print_whole(console, table)
         if model.pareto:
             front = [r.name for r in measured if r.pareto]
             console.print(f"  * on the Pareto front of {', '.join(model.pareto)}: "
@@ -223,4 +224,4 @@ def _print_across_models(outcome, console: Console) -> None:
         table.add_row(r.name, _setting(r), f"{_load_label(m.load, m.value)} b={m.batch_size}",
                       f"{m.metrics['perf_throughput']:.1f}",
                       f"{m.metrics['perf_latency_p99']:.3f}", "yes" if r.satisfies else "no")
-    console.print(table)
+    print_whole(console, table)
