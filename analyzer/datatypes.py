@@ -41,10 +41,6 @@ def config_to_wire(config_type: str) -> str:
     return "BYTES" if name == "STRING" else name
 
 
-def wire_to_config(wire: str) -> str:
-    return "TYPE_STRING" if wire == "BYTES" else f"TYPE_{wire}"
-
-
 def wire_to_numpy(wire: str) -> np.dtype:
     try:
         return WIRE_TO_NUMPY[wire]
@@ -87,11 +83,6 @@ def shape_count(shape) -> int:
 
 def _show(shape) -> str:
     return repr(list(shape))[:100]
-
-
-def element_size(wire: str) -> int:
-    """Bytes per element for fixed-size types; 0 for BYTES."""
-    return 0 if wire == "BYTES" else WIRE_TO_NUMPY[wire].itemsize
 
 
 def serialize_bytes_tensor(array: np.ndarray) -> bytes:

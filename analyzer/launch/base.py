@@ -2,8 +2,9 @@
 
 Lifecycle: `start()` once (raises LaunchError with the worker's own words when it cannot start),
 then any number of `load(name)` / `unload(name)` through the repository API, `alive()` between
-measurements, `restart()` after a crash, and `stop()` always -- also on Ctrl-C and on errors (use
-the launcher as a context manager). Local, docker and remote launchers implement the same calls.
+measurements (the profiler starts a new worker after a crash), and `stop()` always -- also on
+Ctrl-C and on errors (use the launcher as a context manager). Local, docker and remote
+launchers implement the same calls.
 
 The workers that a launcher starts itself keep their repository API (load/unload) for the
 profiler: the launcher makes a random key per run and hands it to the worker in the environment
@@ -60,10 +61,6 @@ class Launcher(ABC):
     def exit_status(self) -> str:
         """How the worker ended, in words ('' while it runs or when unknown)."""
         return ""
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
     def last_words(self, lines: int = 20) -> str:
         """The end of the worker's log: what to show when it failed."""

@@ -111,9 +111,6 @@ class LoadClient:
         self.shards.append(shard)
         self.processes = len(self.shards)
 
-    def pids(self) -> list[int]:
-        return [s.pid for s in self.shards]
-
     # ---- load ---------------------------------------------------------------------------------
     def set_concurrency(self, n: int) -> Drained:
         k = len(self.shards)

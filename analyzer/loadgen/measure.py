@@ -29,8 +29,6 @@ from analyzer.loadgen.records import Records
 from analyzer.loadgen.server_stats import ServerBreakdown, stats_delta
 from analyzer.monitor.base import Sampler
 
-MEASUREMENT_MODES = ("adaptive", "time_windows", "count_windows")
-
 
 @dataclass
 class MeasureSettings:

@@ -114,7 +114,6 @@ class Shard:
         self.next_payload = 0
         self.generation = 0  # bumped on every load change; loops of older generations end
         self.concurrency = 0
-        self.workers = 0
         self.outstanding = 0
         self.max_outstanding_seen = 0
         self.sent = 0
@@ -277,17 +276,12 @@ class Shard:
         self.generation += 1
         self.concurrency = n
         generation = self.generation
-        self.workers = 0
         for slot in range(n):
-            self.workers += 1
             self.loop.create_task(self._worker(slot, generation))
 
     async def _worker(self, slot: int, generation: int) -> None:
-        try:
-            while self.generation == generation:
-                await self.request(0, slot)
-        finally:
-            self.workers -= 1
+        while self.generation == generation:
+            await self.request(0, slot)
 
     def set_rate(self, rate: float, distribution: str, phase: float) -> None:
         self.generation += 1
