@@ -236,8 +236,8 @@ class GrpcConnection(CoalescedWrites, asyncio.Protocol):
         block = self.head_later
         if sid == 1:  # the server's table size is known now (SETTINGS came before any call)
             if self.peer_table < self.table_needed:
-                self.head_later = self.head_literal
-            block = self.head_first if self.peer_table >= self.table_needed else self.head_literal
+                self.head_first = self.head_later = self.head_literal
+            block = self.head_first
         head = FRAME.pack(0, len(block), HEADERS, END_HEADERS, sid) + block
         n = len(message)
         if n <= call.window and n <= self.send_window and n <= self.peer_frame:
