@@ -4,7 +4,8 @@
 
 One worker serves the bundled examples (add_sub: python backend, dynamic batching; tiny_cnn:
 TorchScript, client batch 1) pinned to core 1; perf_analyzer runs on core 0
-(../shared/BENCHMARKING.md). Every round measures each model and concurrency over HTTP, over gRPC
+(../shared/BENCHMARKING.md); `--gpu` puts tiny_cnn on the GPU and `--server-cpus`/`--client-cpus`
+move both (placement.py). Every round measures each model and concurrency over HTTP, over gRPC
 and over HTTP again, in a rotating order; the second HTTP point gives the A/A floor the gRPC/HTTP
 ratio is read against. Reported per model and concurrency: infer/s medians, gRPC/HTTP and
 HTTP/HTTP-again as median (min-max) over rounds, and p99 latency medians.
@@ -22,10 +23,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from serving import EXAMPLES, start_worker  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import placement  # noqa: E402
+from placement import PLACEMENT  # noqa: E402
+from serving import start_worker  # noqa: E402
 
-PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
-SERVER_CPU, CLIENT_CPU = "1", "0"
 MODELS = ("add_sub", "tiny_cnn")
 LEGS = ("http", "grpc", "http-again")
 
@@ -33,9 +35,9 @@ LEGS = ("http", "grpc", "http-again")
 def measure(address: str, model: str, protocol: str, concurrency: int, window_ms: int,
             out: Path) -> tuple[float, float]:  # fmt: skip
     """perf_analyzer's throughput and p99 (µs) for one point (vs_kserve.py uses it too)."""
-    cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", address,
-           "-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms),
-           "-s", "50", "-f", str(out)]  # fmt: skip
+    cmd = ["taskset", "-c", PLACEMENT.client_cpus, str(placement.perf_analyzer()), "-m", model,
+           "-u", address, "-i", protocol, "--concurrency-range", str(concurrency),
+           "-p", str(window_ms), "-s", "50", "-f", str(out)]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\n{run.stdout}{run.stderr}")
@@ -69,11 +71,14 @@ def main() -> int:
     parser.add_argument("--window-ms", type=int, default=2000)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--models", default=",".join(MODELS))
+    placement.add_arguments(parser)
     args = parser.parse_args()
+    placement.apply(args)
     levels = [int(c) for c in args.concurrency.split(",")]
     models = args.models.split(",")
-    out = Path(tempfile.mkdtemp(prefix="grpc-vs-http-")) / "point.csv"
-    worker = start_worker(EXAMPLES, cpus=SERVER_CPU)
+    tmp = Path(tempfile.mkdtemp(prefix="grpc-vs-http-"))
+    out = tmp / "point.csv"
+    worker = start_worker(placement.examples(tmp), cpus=PLACEMENT.server_cpus)
     try:
         for model in models:
             for c in levels:

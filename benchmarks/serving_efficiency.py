@@ -7,8 +7,11 @@ For each serving setting (client batch, dynamic batching, instances, concurrency
 driven by NVIDIA's perf_analyzer, alternating with the offline limit measured in-process (torch,
 inference_mode, inputs prepared in advance) at the batch size the worker actually executed. On CPU
 the worker and the offline loop are pinned to core 1 and perf_analyzer to core 0, with one torch
-thread on both sides (../shared/BENCHMARKING.md). Reported: per setting the median of the pairwise
-ratios served/offline with min and max; the figure is the best setting's median.
+thread on both sides (../shared/BENCHMARKING.md). `--gpu` runs tiny_cnn on the GPU (KIND_GPU)
+and the offline limit on cuda, its input copied from host memory and its output back on every
+call as the worker's are; `--server-cpus`/`--client-cpus` move both sides (placement.py).
+Reported: per setting the median of the pairwise ratios served/offline with min and max; the
+figure is the best setting's median.
 `--protocol grpc` drives the worker over gRPC (Model Analyzer's default) instead of HTTP.
 
 `--ratio A/B` (e.g. `b1_dynamic8/b8_direct`) drives one worker with two settings in rounds of
@@ -42,10 +45,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from serving import EXAMPLES, start_worker  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import placement  # noqa: E402
 from grpc_vs_http import spread  # noqa: E402
+from placement import PLACEMENT  # noqa: E402
 
-PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
-SERVER_CPU, CLIENT_CPU = "1", "0"
 PROTOCOL = ["http"]  # perf_analyzer's -i, set by --protocol
 
 
@@ -69,22 +72,24 @@ SETTINGS = [
 ]
 
 # The offline limit runs in one long-lived process (warmed up once), pinned like the worker:
-# each stdin line "BATCH SECONDS" answers with samples/s measured over that many seconds.
+# each stdin line "BATCH SECONDS" answers with samples/s measured over that many seconds. On cuda
+# every call copies its input from host memory and its output back, as a served request's are.
 OFFLINE = """
 import sys, time, torch
 from analyzer.worker.memory import tune_malloc
 tune_malloc()  # the same allocator settings as the worker: offline gets its best case too
 torch.set_num_threads(1)
-m = torch.jit.load(sys.argv[1]).eval()
+device = torch.device(sys.argv[2])
+m = torch.jit.load(sys.argv[1], map_location=device).eval()
 with torch.inference_mode():
     for line in sys.stdin:
         b, seconds = int(line.split()[0]), float(line.split()[1])
         x = torch.randn(b, 3, 32, 32)
         for _ in range(20):
-            m(x)
+            m(x.to(device)).cpu()
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            m(x)
+            m(x.to(device)).cpu()
             n += 1
         print(n * b / (time.perf_counter() - t0), flush=True)
 """
@@ -97,13 +102,15 @@ def make_repository(root: Path) -> None:
         (folder / "1").mkdir(parents=True)
         shutil.copy(EXAMPLES / "tiny_cnn" / "1" / "model.pt", folder / "1" / "model.pt")
         config = base.replace('name: "tiny_cnn"', f'name: "tiny_cnn_{s.name}"')
+        config = placement.placed_config(config)
         (folder / "config.pbtxt").write_text(config + "\n" + s.config + "\n")
 
 
 class Offline:
     def __init__(self) -> None:
         model = str(EXAMPLES / "tiny_cnn" / "1" / "model.pt")
-        cmd = ["taskset", "-c", SERVER_CPU, sys.executable, "-c", OFFLINE, model]
+        cmd = ["taskset", "-c", PLACEMENT.server_cpus, sys.executable, "-c", OFFLINE, model,
+               PLACEMENT.torch_device]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
         )
@@ -131,8 +138,8 @@ def served(worker, setting: Setting, window_ms: int, out: Path) -> tuple[float, 
     address = worker.http
     before = stats(address, model)
     target = worker.grpc if PROTOCOL[0] == "grpc" else address
-    cmd = ["taskset", "-c", CLIENT_CPU, str(PERF_ANALYZER), "-m", model, "-u", target,
-           "-i", PROTOCOL[0], "-b", str(setting.client_batch),
+    cmd = ["taskset", "-c", PLACEMENT.client_cpus, str(placement.perf_analyzer()), "-m", model,
+           "-u", target, "-i", PROTOCOL[0], "-b", str(setting.client_batch),
            "--concurrency-range", str(setting.concurrency), "-p", str(window_ms), "-s", "50",
            "-f", str(out)]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -158,7 +165,7 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
     if len(names) != 2 or not all(n in by_name for n in names):
         raise SystemExit(f"--ratio wants A/B of {', '.join(by_name)}, got {args.ratio!r}")
     a, b = by_name[names[0]], by_name[names[1]]
-    worker = start_worker(tmp / "repo", cpus=SERVER_CPU)
+    worker = start_worker(tmp / "repo", cpus=PLACEMENT.server_cpus)
     offline = Offline()
     runs = [("A", a), ("B", b), ("A-again", a)]
     got: dict[str, list[tuple[float, float]]] = {n: [] for n, _ in runs}
@@ -194,9 +201,9 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
 def compare(args: argparse.Namespace, settings: list[Setting], tmp: Path) -> int:
     """after / before / after-again workers in rotating order; the A/A floor beside the ratio."""
     workers = {
-        "after": start_worker(tmp / "repo", cpus=SERVER_CPU),
-        "after-again": start_worker(tmp / "repo", cpus=SERVER_CPU),
-        "before": start_worker(tmp / "repo", cpus=SERVER_CPU,
+        "after": start_worker(tmp / "repo", cpus=PLACEMENT.server_cpus),
+        "after-again": start_worker(tmp / "repo", cpus=PLACEMENT.server_cpus),
+        "before": start_worker(tmp / "repo", cpus=PLACEMENT.server_cpus,
                                source_tree=Path(args.compare_tree).resolve()),
     }  # fmt: skip
     offline = Offline()
@@ -240,7 +247,9 @@ def main() -> int:
     parser.add_argument("--ratio", help="A/B: two settings alternating on one worker")
     parser.add_argument("--protocol", choices=("http", "grpc"), default="http",
                         help="perf_analyzer's protocol (gRPC is Model Analyzer's default)")
+    placement.add_arguments(parser)
     args = parser.parse_args()
+    placement.apply(args)
     PROTOCOL[0] = args.protocol
     tmp = Path(tempfile.mkdtemp(prefix="serving-eff-"))
     if args.ratio:
@@ -257,7 +266,7 @@ def main() -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     make_repository(tmp / "repo")
-    worker = start_worker(tmp / "repo", cpus=SERVER_CPU)
+    worker = start_worker(tmp / "repo", cpus=PLACEMENT.server_cpus)
     offline = Offline()
     results = {}
     try:

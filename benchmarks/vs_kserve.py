@@ -8,7 +8,8 @@ KServe runs in its own virtualenv (`--kserve-python`), never in ours. Both serve
 core 1 and NVIDIA's perf_analyzer to core 0 (../shared/BENCHMARKING.md). add_sub is the bundled
 example on our side (python backend, dynamic batching) and the same arithmetic in a
 `kserve.Model.predict` on KServe's; tiny_cnn (when torch is importable in KServe's venv) is the
-same TorchScript file, one torch thread on both sides. Every round measures, per protocol,
+same TorchScript file, one torch thread on both sides; with `--gpu` tiny_cnn runs on the GPU on
+both sides (placement.py). Every round measures, per protocol,
 ours / KServe / ours again in a rotating order; reported: ours/KServe throughput and the A/A
 floor (ours-again/ours) as median (min-max), and p99 medians.
 
@@ -35,8 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import placement  # noqa: E402
 from google.protobuf import json_format  # noqa: E402
-from grpc_vs_http import SERVER_CPU, measure, rotating_rounds, spread  # noqa: E402
+from grpc_vs_http import measure, rotating_rounds, spread  # noqa: E402
+from placement import PLACEMENT  # noqa: E402
 from serving import EXAMPLES, start_worker  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
@@ -48,6 +51,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as generated
 from kserve.protocol.rest.server import RESTServer
 
 http_port, grpc_port, tiny_cnn = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+device = sys.argv[6]  # torch device of tiny_cnn
 def tensors(names, dims):
     return [dict(name=n, data_type="TYPE_FP32", dims=dims) for n in names]
 
@@ -90,12 +94,14 @@ class TinyCnn(Described):
         super().__init__("tiny_cnn")
         import torch
         torch.set_num_threads(1)
-        self.torch, self.model = torch, torch.jit.load(path).eval()
+        self.torch, self.device = torch, torch.device(device)
+        self.model = torch.jit.load(path, map_location=self.device).eval()
         self.ready = True
 
     async def predict(self, payload: InferRequest, headers=None, response_headers=None):
         with self.torch.inference_mode():
-            y = self.model(self.torch.from_numpy(payload.inputs[0].as_numpy())).numpy()
+            x = self.torch.from_numpy(payload.inputs[0].as_numpy()).to(self.device)
+            y = self.model(x).cpu().numpy()
         out = InferOutput("OUTPUT__0", list(y.shape), "FP32")
         out.set_data_from_numpy(y, binary_data=True)
         return InferResponse(model_name=self.name, infer_outputs=[out], response_id=payload.id,
@@ -162,8 +168,9 @@ class KServe:
         self.http_port, self.grpc_port = free_port(), free_port()
         model = str(EXAMPLES / "tiny_cnn" / "1" / "model.pt") if with_torch else "-"
         answers = [config_answer(name).hex() for name in ("add_sub", "tiny_cnn")]
-        cmd = ["taskset", "-c", SERVER_CPU, str(python), str(script),
-               str(self.http_port), str(self.grpc_port), model, *answers]  # fmt: skip
+        cmd = ["taskset", "-c", PLACEMENT.server_cpus, str(python), str(script),
+               str(self.http_port), str(self.grpc_port), model, *answers,
+               PLACEMENT.torch_device]  # fmt: skip
         self.log = (tmp / "kserve.log").open("w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -202,14 +209,16 @@ def main() -> int:
     parser.add_argument("--models", default="add_sub,tiny_cnn")
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--kserve-python", default=str(ROOT / ".venv-kserve" / "bin" / "python"))
+    placement.add_arguments(parser)
     args = parser.parse_args()
+    placement.apply(args)
     python = Path(args.kserve_python)
     has_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True)
     models = [m for m in args.models.split(",") if m != "tiny_cnn" or has_torch.returncode == 0]
     if len(models) < len(args.models.split(",")):
         print("tiny_cnn left out: torch is not installed in KServe's venv", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="vs-kserve-"))
-    ours = start_worker(EXAMPLES, cpus=SERVER_CPU)
+    ours = start_worker(placement.examples(tmp), cpus=PLACEMENT.server_cpus)
     kserve = None
     try:
         kserve = KServe(python, "tiny_cnn" in models, tmp)

@@ -117,3 +117,24 @@ def test_unsupported_scheduling_is_refused_not_ignored(tmp_path):
         "failed to load 'tiny_cnn': model 'tiny_cnn': sequence_batching is not supported "
         "by this worker"
     ]
+
+
+@pytest.mark.parametrize(
+    ("groups", "gpu_capable", "kind"),
+    [
+        ("", True, "GPU"),
+        ("", False, "CPU"),  # e.g. a CPU-only onnxruntime on a GPU host: Triton takes the CPU
+        ("instance_group [ { kind: KIND_AUTO } ]", False, "CPU"),
+        ("instance_group [ { kind: KIND_AUTO } ]", True, "GPU"),
+    ],
+)
+def test_default_instance_kind_follows_the_backends_gpu_support(
+    monkeypatch, groups, gpu_capable, kind
+):
+    from analyzer.worker import devices
+    from analyzer.worker.model import instance_specs
+
+    monkeypatch.setattr(devices, "gpu_count", lambda: 1)
+    config = parse_model_config(CONFIG + groups)
+    specs = instance_specs(config, gpu_capable)
+    assert [s.kind for s in specs] == [kind]

@@ -64,7 +64,7 @@ class ModelVersion:
         for field in ("sequence_batching", "ensemble_scheduling"):
             if self.config.HasField(field):  # refuse rather than serve with wrong semantics
                 raise ValueError(f"model '{self.name}': {field} is not supported by this worker")
-        specs = instance_specs(self.config, self.backend.name, self.max_instance_count)
+        specs = instance_specs(self.config, self.backend.gpu_capable(), self.max_instance_count)
         try:
             for spec in specs:
                 instance = self.backend.create_instance(self.source, self.version, spec)
@@ -144,17 +144,19 @@ class ModelVersion:
 
 
 def instance_specs(
-    config: ModelConfig, backend: str, max_instances: int = Limits.max_instance_count
+    config: ModelConfig, gpu_capable: bool, max_instances: int = Limits.max_instance_count
 ) -> list[InstanceSpec]:
     """Expand instance_group the way Triton does: count × GPUs for GPU groups, count for CPU.
 
-    The total is capped before anything is created: each instance is a thread or a process.
+    No instance_group, or KIND_AUTO, means the GPUs when the backend can run on one here (torch
+    sees CUDA, onnxruntime has its CUDA provider) and the CPU otherwise, as Triton's backends
+    choose. The total is capped before anything is created: each instance is a thread or a process.
     """
     gpus = devices.gpu_count()
     model = config.name
     if not config.instance_group:
         group = config.instance_group.add()
-        group.kind = KIND.KIND_GPU if gpus and backend != "python" else KIND.KIND_CPU
+        group.kind = KIND.KIND_GPU if gpus and gpu_capable else KIND.KIND_CPU
         group.count = 1
     _check_instance_count(config, gpus, max_instances)
     placements: list[tuple[str, str, str, int]] = []  # (instance name, group, kind, device)
@@ -164,7 +166,7 @@ def instance_specs(
         if group.count < 1:
             group.count = 1
         if group.kind == KIND.KIND_AUTO:
-            group.kind = KIND.KIND_GPU if gpus else KIND.KIND_CPU
+            group.kind = KIND.KIND_GPU if gpus and gpu_capable else KIND.KIND_CPU
         if group.kind == KIND.KIND_GPU:
             if not gpus:
                 raise ValueError(

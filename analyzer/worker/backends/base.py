@@ -57,6 +57,10 @@ class Backend(ABC):
     def auto_complete(self, source: ModelSource, version: int) -> None:  # noqa: B027
         """Fill missing config fields in place from the model itself (Triton's auto-complete)."""
 
+    def gpu_capable(self) -> bool:
+        """Whether this process can run the backend on a GPU: the default kind follows it."""
+        return False
+
     @abstractmethod
     def create_instance(
         self, source: ModelSource, version: int, spec: InstanceSpec

@@ -36,6 +36,9 @@ DEFAULT_MAX_BATCH_SIZE = 4
 class OnnxBackend(Backend):
     name = "onnxruntime"
 
+    def gpu_capable(self) -> bool:
+        return "CUDAExecutionProvider" in ort.get_available_providers()
+
     def auto_complete(self, source: ModelSource, version: int) -> None:
         config = source.config
         path = source.model_file(version)

@@ -25,6 +25,9 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 class TorchScriptBackend(Backend):
     name = "pytorch"
 
+    def gpu_capable(self) -> bool:
+        return torch.cuda.is_available()
+
     def auto_complete(self, source: ModelSource, version: int) -> None:
         config = source.config
         if not config.input or not config.output:
