@@ -28,6 +28,7 @@ from analyzer.config.profile_config import (
     ProfileConfig,
     ProfileConfigError,
 )
+from analyzer.final_comparison import run_final_comparison
 from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
 from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
 from analyzer.launch.docker import DockerLauncher
@@ -51,8 +52,9 @@ from analyzer.repository.variants import (
     write_variant,
 )
 from analyzer.results.checkpoint import Checkpoint, config_key, point_key
+from analyzer.results.finals import Comparison
 from analyzer.results.measurement import Measurement, from_point
-from analyzer.results.ranking import ConfigResult, Ranker
+from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
 from analyzer.search.base import Outcome, SearchStrategy, Trial
 from analyzer.search.brute import BruteSearch, SearchLimits
 from analyzer.search.ledger import owner_id, redact_url, unmerged
@@ -70,6 +72,7 @@ class ModelOutcome:
     skipped: list[str] = field(default_factory=list)  # combinations that cannot work
     study: dict[str, str] = field(default_factory=dict)  # optuna: storage URL and study name
     pareto: list[str] = field(default_factory=list)  # the objectives of a multi-objective study
+    comparison: Comparison | None = None  # the final side-by-side rounds, when they ran
 
     @property
     def default(self) -> ConfigResult | None:
@@ -195,7 +198,7 @@ class Profiler:
             output.release()
         for model in self.outcome.models:
             ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
-            model.results = ranker.rank(model.results)
+            model.results = recommended_first(ranker.rank(model.results), model.comparison)
         self.outcome.wall_s = time.monotonic() - started
         return self.outcome
 
@@ -271,6 +274,8 @@ class Profiler:
                 search.close()
         if isinstance(search, OptunaSearch):
             self._merge_shared(model, source, search, variants, cpu_only)
+        if not model.error:
+            run_final_comparison(self, model, options, checkpoint, json.dumps(fingerprint))
 
     def _search(
         self, model: ModelOutcome, source: ModelSource, search: SearchStrategy,

@@ -105,6 +105,10 @@ FIELDS: tuple[Field, ...] = (
     Field("min_throughput", "float", None, "Throughput floor in infer/s (a constraint)."),
     Field("num_configs_per_model", "int", 3, "Top configs per model kept in the ranking."),
     Field("num_top_model_configs", "int", 0, "Top configs across all models (0: per model)."),
+    Field("final_rounds", "int", 5,
+          "Rounds of the final comparison: after the search the top configs and the default are "
+          "measured again side by side, in this many interleaved rounds, and the ranking, the "
+          "intervals and the ties come from them (0: rank on the search's points)."),
     Field("client_protocol", "choice", "grpc", "Protocol of the load generator.",
           choices=("grpc", "http")),
     Field("gpus", "strs", ["all"], "GPUs to use and monitor: 'all' or UUIDs/indices."),
@@ -628,3 +632,7 @@ def _check_ranges(values: dict[str, Any]) -> None:
     for key in ("measurement_interval", "max_trials", "num_configs_per_model"):
         if values[key] < 1:
             raise ProfileConfigError(f"'{key}' is {values[key]}; expected >= 1")
+    if values["final_rounds"] == 1 or values["final_rounds"] < 0:
+        raise ProfileConfigError(
+            f"'final_rounds' is {values['final_rounds']}; expected 0 (no final comparison) or >= 2"
+        )

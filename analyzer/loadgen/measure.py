@@ -316,8 +316,8 @@ class Measurer:
         if lat.size < 8:
             return "wide", (None, None)
         band = self.settings.stability_pct / 200.0  # half the band
-        ci_thr = _t95(k - 1) * thr.std(ddof=1) / math.sqrt(k) / thr.mean()
-        ci_lat = _t95(lat.size - 1) * lat.std(ddof=1) / math.sqrt(lat.size) / lat.mean()
+        ci_thr = t95(k - 1) * thr.std(ddof=1) / math.sqrt(k) / thr.mean()
+        ci_lat = t95(lat.size - 1) * lat.std(ddof=1) / math.sqrt(lat.size) / lat.mean()
         cis = (100.0 * ci_thr, 100.0 * ci_lat)
         for series in (thr, lat):
             half = series.size // 2
@@ -468,7 +468,7 @@ _T95 = {
 }
 
 
-def _t95(dof: int) -> float:
+def t95(dof: int) -> float:
     """Two-sided 95% Student t quantile (table, rounded down to the nearest tabulated dof)."""
     if dof > 120:
         return 1.960

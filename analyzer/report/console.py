@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from analyzer.results.finals import Comparison
 from analyzer.results.ranking import ConfigResult
 from analyzer.terminal import print_whole
 
@@ -72,6 +73,11 @@ class ProgressDisplay:
         if event == "model_failed":
             self.console.print(f"[red]{data['model']}: {data['error']}[/]")
             return
+        if event == "final_start":
+            c = data["comparison"]
+            self.console.print(f"  [bold]final comparison of {data['model']}[/]: "
+                               f"{', '.join(c.finalists)}, {c.rounds} rounds")  # fmt: skip
+            return
         result: ConfigResult = data["result"]
         task = self._task(result.model)
         fields = self.fields.setdefault(result.model, {"configs": 0, "points": 0, "best": ""})
@@ -106,6 +112,14 @@ class ProgressDisplay:
                 f"  {result.name:<28} {_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
                 f"{throughput:9.1f} infer/s  p99 {m.metrics['perf_latency_p99']:8.3f} ms{mark}"
             )
+        elif event == "final_point":
+            m = data["measurement"]
+            self.console.print(
+                f"  round {data['round']}/{data['rounds']} {result.name:<28} "
+                f"{_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
+                f"{m.metrics['perf_throughput']:9.1f} infer/s  p99 "
+                f"{m.metrics['perf_latency_p99']:8.3f} ms"
+            )
         elif event == "config_failed":
             self.console.print(f"  [red]{result.name} failed: {result.error.splitlines()[0]}[/]")
 
@@ -127,8 +141,12 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         table = Table(box=box.SIMPLE_HEAD, title=f"Top configs of {model.spec.name} (objectives: "
                       + ", ".join(f"{t} x{w:g}" for t, w in model.spec.objectives.items())
                       + ")")  # fmt: skip
-        for col in ("rank", "config", "instances", "max batch", "delay us", "load", "infer/s",
-                    "p99 ms", "vs default", "meets constraints"):
+        finals = model.comparison is not None and any(r.final for r in top)
+        columns = ["rank", "config", "instances", "max batch", "delay us", "load", "infer/s"]
+        columns += ["95% CI infer/s"] if finals else []
+        columns += ["p99 ms"] + (["95% CI p99 ms"] if finals else [])
+        columns += ["vs default", "meets constraints"]
+        for col in columns:
             if col == "config":
                 table.add_column(col, no_wrap=True)
             else:
@@ -139,13 +157,21 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
             assert m is not None
             ratio = f"{m.metrics['perf_throughput'] / base:.2f}x" if base else "-"
             delay = r.description["max_queue_delay_us"]
-            table.add_row(
-                str(r.rank), r.name + (" *" if r.pareto else ""), r.description["instance_group"],
+            row = [
+                str(r.rank) + ("=" if r.final is not None and r.final.tied else ""),
+                r.name + (" *" if r.pareto else ""), r.description["instance_group"],
                 str(r.description["max_batch_size"]), "-" if delay is None else str(delay),
                 f"{_load_label(m.load, m.value)} b={m.batch_size}",
-                f"{m.metrics['perf_throughput']:.1f}", f"{m.metrics['perf_latency_p99']:.3f}",
-                ratio, "yes" if r.satisfies else "[yellow]no[/]",
-            )  # fmt: skip
+                f"{m.metrics['perf_throughput']:.1f}",
+            ]  # fmt: skip
+            if finals:
+                f = r.final
+                row.append(f"{f.throughput.low:.1f}-{f.throughput.high:.1f}" if f else "-")
+            row.append(f"{m.metrics['perf_latency_p99']:.3f}")
+            if finals:
+                row.append(f"{f.p99.low:.3f}-{f.p99.high:.3f}" if f else "-")
+            row += [ratio, "yes" if r.satisfies else "[yellow]no[/]"]
+            table.add_row(*row)
         print_whole(console, table)
         if model.pareto:
             front = [r.name for r in measured if r.pareto]
@@ -162,6 +188,8 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         winner = measured[0] if measured else None
         if winner is not None:
             console.print(recommendation(winner, default))
+        if model.comparison is not None:
+            console.print(how_sure(model.comparison))
         for r in model.results:
             if r.error:
                 console.print(f"  [red]failed[/] {r.name} ({_setting(r)}): "
@@ -204,6 +232,31 @@ def recommendation(winner: ConfigResult, default: ConfigResult | None) -> str:
     if not winner.satisfies:
         text += f" [yellow](no config satisfies the constraints: {'; '.join(winner.violations)})[/]"
     return text + "."
+
+
+def how_sure(comparison: Comparison) -> str:
+    """The "how sure" line: what the final rounds say of the recommendation."""
+    c = comparison
+    text = (f"How sure: the top {len(c.finalists)} configs were measured again side by side in "
+            f"{c.rounds} interleaved rounds ({c.points} points, {c.seconds:.0f} s of measuring; "
+            f"the search took {c.search_points} points, {c.search_seconds:.0f} s); intervals are "
+            "95% Student t over the rounds, differences paired by round.")  # fmt: skip
+    if c.dropped:
+        text += f" Left out after failing in the rounds: {', '.join(c.dropped)}."
+    others = [n for n in c.tied if n not in (c.recommended, c.leader)]
+    if c.why:
+        text += f" {c.why}."
+        if others:
+            text += f" Also tied within noise: {', '.join(others)}."
+    elif others:
+        text += f" Tied with {c.recommended} within noise: {', '.join(others)}."
+    elif c.recommended:
+        text += f" {c.recommended} is ahead of every other finalist beyond noise."
+    if c.vs_default is not None:
+        v = c.vs_default
+        text += (f" Its throughput is {v.estimate:.2f}x the default config's "
+                 f"(95% CI {v.low:.2f}-{v.high:.2f}).")  # fmt: skip
+    return text
 
 
 def top_across_models(outcome) -> list[ConfigResult]:

@@ -195,6 +195,7 @@ def results_document(outcome) -> dict[str, Any]:
                 "satisfies_constraints": r.satisfies, "violations": r.violations,
                 "score": r.score, "pareto_optimal": r.pareto,
                 "best": r.best.to_dict() if r.best else None,
+                "final_comparison": r.final.to_dict() if r.final else None,
                 "measurements": [m.to_dict() for m in r.measurements],
             })  # fmt: skip
         models.append({
@@ -202,6 +203,7 @@ def results_document(outcome) -> dict[str, Any]:
             "objectives": model.spec.objectives, "constraints": model.spec.constraints,
             "study": model.study, "pareto_objectives": model.pareto,
             "top": [r.name for r in model.results if r.measurements][: c.num_configs_per_model],
+            "final_comparison": model.comparison.to_dict() if model.comparison else None,
             "configs": configs,
         })  # fmt: skip
     return {

@@ -16,7 +16,9 @@ import jinja2
 
 from analyzer.fsutil import atomic_write_bytes, atomic_write_text
 from analyzer.report import plots
+from analyzer.report.console import how_sure
 from analyzer.report.exports import RESULTS_FILE
+from analyzer.results.finals import Comparison
 
 # the repository's top-level templates/, shipped in the wheel as the package's data (in the
 # source tree analyzer/templates is a link to it), so an installed copy finds it too
@@ -138,6 +140,8 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> 
     atomic_write_text(summary, env.get_template("result_summary.html.j2").render(
         css=css, model=model, created=document["created"], winner=winner,
         recommendation=recommendation(model, winner, default) if winner else "",
+        how_sure=how_sure(Comparison.from_dict(model["final_comparison"]))
+        if model.get("final_comparison") else "",
         ranking=rows, plots=figures, constraints=_constraint_lines(model),
         breakers=[c for c in measured if not c["satisfies_constraints"]],
         failed=[c for c in model["configs"] if c["error"]],

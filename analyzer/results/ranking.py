@@ -5,6 +5,8 @@ MA compares two measurements by the weighted sum of their relative differences p
 to first order, but it makes the comparison a score (a total order), so sorting is consistent.
 Each config is represented by its best point that satisfies every constraint; configs with no such
 point rank after all that have one, each by its best point overall.
+A config re-measured in the final comparison (`analyzer.results.finals`) is represented by the
+mean of its rounds instead, and the finalists rank before the configs known from one search point.
 
 With several objectives searched as such (optuna_objectives: e.g. throughput vs p99 latency vs GPU
 memory) there is no single best; the configs with a point on the Pareto front -- no other point
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.config.profile_config import METRIC_DIRECTIONS
+from analyzer.results.finals import Comparison, FinalResult
 from analyzer.results.measurement import Measurement
 
 UNITS = {"perf_throughput": "infer/s", "gpu_used_memory": "MB", "gpu_free_memory": "MB",
@@ -49,6 +52,7 @@ class ConfigResult:
     score: float = 0.0
     rank: int = 0
     pareto: bool = False  # a point of it is on the Pareto front of the multi-objective search
+    final: FinalResult | None = None  # its rounds in the final comparison, when it was in it
 
 
 class Ranker:
@@ -112,8 +116,10 @@ class Ranker:
                 everywhere = present if everywhere is None else everywhere & present
         tags = everywhere or set()
         for r in measured:
-            passing = [m for m in r.measurements if not self.violations(m)]
-            pool = passing or r.measurements
+            # a finalist is judged by the mean of its side-by-side rounds, not its search points
+            points = [r.final.combined] if r.final is not None else r.measurements
+            passing = [m for m in points if not self.violations(m)]
+            pool = passing or points
             r.best = max(pool, key=lambda m: self.score(m, tags))
             r.satisfies = bool(passing)
             r.violations = [] if passing else self.violations(r.best)
@@ -121,7 +127,8 @@ class Ranker:
         front = self.pareto_front([(r, m) for r in measured for m in r.measurements])
         for r in measured:
             r.pareto = any(id(m) in front for m in r.measurements)
-        ordered = sorted(measured, key=lambda r: (not r.satisfies, not r.pareto, -r.score))
+        ordered = sorted(measured, key=lambda r: (not r.satisfies, r.final is None, not r.pareto,
+                                                  -r.score))  # fmt: skip
         failed = [r for r in results if not r.measurements]
         for i, r in enumerate(ordered, 1):
             r.rank = i
@@ -144,3 +151,20 @@ class Ranker:
                        for b in vectors.values())  # fmt: skip
 
         return {key for key, v in vectors.items() if not dominated(v)}
+
+
+def recommended_first(
+    ranked: list[ConfigResult], comparison: Comparison | None
+) -> list[ConfigResult]:
+    """The final comparison's recommendation (the cheapest of those tied with the leader) first."""
+    chosen = comparison.recommended if comparison is not None else ""
+    if not chosen or not ranked or ranked[0].name == chosen:
+        return ranked
+    first = next((r for r in ranked if r.name == chosen), None)
+    if first is None:
+        return ranked
+    ordered = [first] + [r for r in ranked if r is not first]
+    for i, r in enumerate(ordered, 1):
+        if r.measurements:
+            r.rank = i
+    return ordered

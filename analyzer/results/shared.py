@@ -16,8 +16,9 @@ from typing import Any
 from analyzer.config.profile_config import ModelSpec, ProfileConfig, storage_from_environment
 from analyzer.profiler import ModelOutcome, ProfileOutcome
 from analyzer.report.exports import write_csvs, write_results
+from analyzer.results.finals import Comparison, FinalResult
 from analyzer.results.measurement import Measurement
-from analyzer.results.ranking import ConfigResult, Ranker
+from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
 from analyzer.search.ledger import StudyStorageError, load_points, redact_url, unmerged
 
 
@@ -30,12 +31,16 @@ def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
         model = ModelOutcome(spec, error=m["error"], skipped=m["skipped"],
                              study=m.get("study") or {},
                              pareto=m.get("pareto_objectives") or [])  # fmt: skip
+        if m.get("final_comparison"):
+            model.comparison = Comparison.from_dict(m["final_comparison"])
         for c in m["configs"]:
             model.results.append(ConfigResult(
                 model=m["name"], name=c["name"], params=c["params"],
                 description=c["description"], config_text="", path=c["path"],
                 is_default=c["is_default"], error=c["error"],
                 measurements=[Measurement.from_dict(x) for x in c["measurements"]],
+                final=FinalResult.from_dict(c["final_comparison"])
+                if c.get("final_comparison") else None,
             ))  # fmt: skip
         models.append(model)
     stats = document["stats"]
@@ -122,7 +127,7 @@ def refresh_from_studies(
                 model.study = {**model.study, "storage": redact_url(model.study["storage"])}
         for model in outcome.models:
             ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
-            model.results = ranker.rank(model.results)
+            model.results = recommended_first(ranker.rank(model.results), model.comparison)
         results = export_path / "results"
         write_csvs(outcome, results)
         write_results(outcome, results)

@@ -1,0 +1,172 @@
+"""After a model's search: its top configs and the default measured again, side by side.
+
+The rules and the statistics are in `analyzer.results.finals`; this is the loop that drives the
+worker. The finalists stay loaded together in a local worker, so that moving from one to the next
+costs a payload switch, not a model load (one at a time on a remote server, which serves a
+variant under the model's own name). When memory is ranked on, every measurement needs a fresh
+worker (allocators keep freed memory), and the comparison is skipped: the configs keep their
+search points.
+Each round's measurement goes to the checkpoint like a search point: a rerun measures only the
+rounds that are missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from analyzer.launch.base import LaunchError, LaunchSetupError
+from analyzer.loadgen.control import ServerError
+from analyzer.loadgen.measure import MeasurementError
+from analyzer.loadgen.perf import PerfOptions
+from analyzer.results.checkpoint import Checkpoint, point_key
+from analyzer.results.finals import (
+    Comparison,
+    cost_key,
+    mark_ties,
+    ratio_interval,
+    round_orders,
+    summarize,
+)
+from analyzer.results.measurement import Measurement
+from analyzer.results.ranking import ConfigResult, Ranker
+from analyzer.search.base import Trial
+
+if TYPE_CHECKING:
+    from analyzer.profiler import ModelOutcome, Profiler
+
+
+def finalists(model: ModelOutcome, ranker: Ranker, count: int) -> list[ConfigResult]:
+    """The `count` best configs of the search, and the default config if it is not among them."""
+    ranked = [r for r in ranker.rank(list(model.results)) if r.measurements and not r.error]
+    chosen = ranked[:count]
+    default = model.default
+    if default is not None and default in ranked and default not in chosen:
+        chosen.append(default)
+    return chosen
+
+
+def run_final_comparison(
+    profiler: Profiler, model: ModelOutcome, options: PerfOptions, checkpoint: Checkpoint,
+    fingerprint: str,
+) -> None:  # fmt: skip
+    rounds = profiler.config.final_rounds
+    if profiler.fresh_worker_per_variant:
+        # memory is ranked: each measurement needs a fresh worker, and rounds of worker starts
+        # would cost more than the search; the configs keep their search points
+        return
+    spec = model.spec
+    ranker = Ranker(spec.objectives, spec.constraints, model.pareto)
+    chosen = finalists(model, ranker, max(1, profiler.config.num_configs_per_model))
+    if rounds < 2 or len(chosen) < 2:
+        return
+    comparison = Comparison(
+        rounds, [r.name for r in chosen],
+        search_points=sum(len(r.measurements) for r in model.results),
+        search_seconds=sum(m.wall_s for r in model.results for m in r.measurements),
+    )  # fmt: skip
+    model.comparison = comparison
+    by_name = {r.name: r for r in chosen}
+    trials = {}
+    for r in chosen:
+        assert r.best is not None
+        trials[r.name] = Trial.make(r.params, r.best.load, r.best.value, r.best.batch_size)
+    # One fixed window per round after a short warm-up, whatever the search's stopping rule: the
+    # rounds give the interval, so no round needs to be stable on its own.
+    window = max(400, options.settings.min_window_ms // 2)
+    settings = dataclasses.replace(
+        options.settings, mode="adaptive", stability_pct=1000.0, min_window_ms=window,
+        window_ms=window, max_trials=4,
+    )  # fmt: skip
+    round_options = dataclasses.replace(options, settings=settings)
+    launcher = profiler._ensure_launcher()
+    together = not launcher.remote
+    got: dict[str, list[Measurement]] = {name: [] for name in by_name}
+    profiler.listener("final_start", {"model": spec.name, "comparison": comparison})
+    loaded: dict[str, int] = {}  # variant -> the worker start it was loaded into
+    for index, order in enumerate(round_orders(list(by_name), rounds)):
+        for name in order:
+            if name in comparison.dropped:
+                continue
+            result, trial = by_name[name], trials[name]
+            key = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
+                            f"{fingerprint}|final round {index + 1} of {rounds}")  # fmt: skip
+            measurement = checkpoint.points.get(key)
+            if measurement is None:
+                if not together:
+                    profiler._unload()
+                elif loaded.get(name) == profiler.outcome.worker_starts:
+                    profiler.loaded = profiler.loaded_as = name  # still loaded: no reload
+                try:
+                    measurement = profiler._measure(result, trial, round_options)
+                except LaunchSetupError:
+                    raise
+                except (LaunchError, ServerError, MeasurementError, OSError) as err:
+                    comparison.dropped[name] = profiler._failure_text(err)
+                    profiler._recover()
+                    continue
+                loaded[profiler.loaded_as] = profiler.outcome.worker_starts
+                checkpoint.record_point(key, measurement)
+            measurement.config_name = result.name
+            got[name].append(measurement)
+            comparison.points += 1
+            comparison.seconds += measurement.wall_s
+            profiler.listener("final_point", {"result": result, "measurement": measurement,
+                                              "round": index + 1, "rounds": rounds})  # fmt: skip
+    _unload_all(profiler, {n for n, start in loaded.items()
+                           if start == profiler.outcome.worker_starts})  # fmt: skip
+    finals = {name: summarize(ms) for name, ms in got.items()
+              if len(ms) == rounds and name not in comparison.dropped}  # fmt: skip
+    for name, final in finals.items():
+        by_name[name].final = final
+    if len(finals) < 2:
+        return
+    ranker.rank(list(model.results))  # the finalists' best is now the mean of their rounds
+    meeting = [n for n in finals if by_name[n].satisfies] or list(finals)
+    leader = max(meeting, key=lambda n: by_name[n].score)
+    comparison.leader = leader
+    comparison.tied = mark_ties({n: finals[n] for n in meeting}, leader, ranker.score)
+    cheapest = min(comparison.tied, key=lambda n: cost_key(by_name[n].description,
+                                                           finals[n].combined))  # fmt: skip
+    comparison.recommended = cheapest
+    if cheapest != leader:
+        comparison.why = _why(by_name[cheapest], by_name[leader])
+    default = model.default
+    if default is not None and default.name in finals and cheapest != default.name:
+        comparison.vs_default = ratio_interval(
+            [m.metrics["perf_throughput"] for m in finals[cheapest].rounds],
+            [m.metrics["perf_throughput"] for m in finals[default.name].rounds],
+        )
+
+
+def _unload_all(profiler: Profiler, names: set[str]) -> None:
+    if profiler.launcher is None:
+        return
+    if profiler.client is not None:
+        profiler.client.quiesce(30)
+    for name in names:
+        if name == profiler.loaded_as and profiler.loaded is not None:
+            profiler._unload()
+            continue
+        try:
+            profiler.launcher.unload(name)
+        except LaunchError:
+            pass  # a worker that cannot unload is restarted by the next load if it died
+
+
+def _why(cheap: ConfigResult, leader: ConfigResult) -> str:
+    """One sentence: why the recommendation is not the config with the best mean."""
+    assert cheap.final is not None and leader.final is not None
+    a, b = cheap.description, leader.description
+    if a.get("instance_count") != b.get("instance_count"):
+        reason = f"fewer instances ({a.get('instance_count')} vs {b.get('instance_count')})"
+    elif a.get("max_batch_size") == b.get("max_batch_size"):
+        reason = "less memory"
+    else:
+        ka = cost_key(a, cheap.final.combined)
+        kb = cost_key(b, leader.final.combined)
+        reason = ("less memory" if ka[1] < kb[1] else
+                  f"a smaller max batch size ({a.get('max_batch_size')} vs "
+                  f"{b.get('max_batch_size')})")  # fmt: skip
+    return (f"{cheap.name} is tied with {leader.name} within noise and is cheaper: {reason}; "
+            f"it is recommended")  # fmt: skip

@@ -1,0 +1,187 @@
+"""The final comparison: the search's top configs and the default, re-measured side by side.
+
+A search measures each point once, minutes apart, on machines whose speed drifts by more than the
+differences between the top configs; a ranking read off those points is decided by noise. After
+the search the finalists are measured again, each at the load of its best point, in interleaved
+rounds whose order changes from round to round, and the ranking and the numbers shown come from
+those rounds only.
+
+Intervals are Student-t 95% intervals over the rounds: of the mean for throughput and p99, and,
+for comparisons, of the mean per-round difference of the ranking score (for a throughput
+objective, the log of the throughput ratio), paired by round so that drift between rounds cancels.
+A config whose interval of the difference to the leader contains zero is tied with it within
+noise; among the tied the recommendation takes the cheapest: fewest instances, then least memory,
+then the smallest max batch size.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.loadgen.measure import t95
+from analyzer.results.measurement import Measurement
+
+METHOD = "Student t, 95%, over rounds (comparisons paired by round)"
+
+
+@dataclass
+class Interval:
+    estimate: float
+    low: float
+    high: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high}
+
+
+def mean_interval(values: list[float]) -> Interval:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, mean, mean)
+    half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half)
+
+
+def ratio_interval(a: list[float], b: list[float]) -> Interval:
+    """a/b from rounds paired by index: the geometric mean ratio and its interval."""
+    logs = [math.log(max(x, 1e-12) / max(y, 1e-12)) for x, y in zip(a, b, strict=True)]
+    d = mean_interval(logs)
+    return Interval(math.exp(d.estimate), math.exp(d.low), math.exp(d.high))
+
+
+def combine(rounds: list[Measurement]) -> Measurement:
+    """One measurement from the rounds of a config: every metric is the mean over the rounds."""
+    first = rounds[0]
+    tags = set.intersection(*(set(m.metrics) for m in rounds))
+    metrics = {t: statistics.fmean(m.metrics[t] for m in rounds) for t in sorted(tags)}
+    warnings = sorted({w for m in rounds for w in m.warnings})
+    errors: dict[str, int] = {}
+    for m in rounds:
+        for message, count in m.errors.items():
+            errors[message] = errors.get(message, 0) + count
+    gpus = max((m.gpus for m in rounds), key=len)
+    return Measurement(
+        model=first.model, config_name=first.config_name, load=first.load, value=first.value,
+        batch_size=first.batch_size, metrics=metrics, gpus=gpus,
+        stable=all(m.stable for m in rounds),
+        client_saturated=any(m.client_saturated for m in rounds),
+        client_bound=any(m.client_bound for m in rounds), warnings=warnings, errors=errors,
+        wall_s=sum(m.wall_s for m in rounds), taken_at=rounds[-1].taken_at, host=first.host,
+    )  # fmt: skip
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """Each round's order: rotated by one every round, reversed every other round, so that no
+    config is always measured first, or always right after the same neighbour."""
+    orders = []
+    for i in range(rounds):
+        shift = i % len(names)
+        order = names[shift:] + names[:shift]
+        orders.append(order[::-1] if i % 2 else order)
+    return orders
+
+
+@dataclass
+class FinalResult:
+    """What the rounds say of one finalist."""
+
+    rounds: list[Measurement]
+    combined: Measurement  # the mean of the rounds: what ranking and tables read
+    throughput: Interval
+    p99: Interval
+    vs_leader: Interval | None = None  # paired score difference to the leader
+    tied: bool = False  # within noise of the leader (the leader itself too)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": len(self.rounds),
+            "perf_throughput": self.throughput.to_dict(),
+            "perf_latency_p99": self.p99.to_dict(),
+            "score_vs_leader": self.vs_leader.to_dict() if self.vs_leader else None,
+            "tied_with_leader": self.tied,
+            "measurements": [m.to_dict() for m in self.rounds],
+        }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> FinalResult:
+        final = summarize([Measurement.from_dict(m) for m in data["measurements"]])
+        final.tied = bool(data["tied_with_leader"])
+        vs = data.get("score_vs_leader")
+        final.vs_leader = Interval(**vs) if vs else None
+        return final
+
+
+def summarize(rounds: list[Measurement]) -> FinalResult:
+    return FinalResult(
+        rounds=rounds,
+        combined=combine(rounds),
+        throughput=mean_interval([m.metrics["perf_throughput"] for m in rounds]),
+        p99=mean_interval([m.metrics["perf_latency_p99"] for m in rounds]),
+    )
+
+
+def mark_ties(
+    finals: dict[str, FinalResult], leader: str, score: Callable[[Measurement], float]
+) -> list[str]:
+    """Sets vs_leader/tied on every finalist; returns the names tied with the leader (leader
+    first). Paired by round: round i of each config was measured minutes apart at most."""
+    base = [score(m) for m in finals[leader].rounds]
+    tied = [leader]
+    finals[leader].tied = True
+    for name, final in finals.items():
+        if name == leader:
+            continue
+        diffs = [score(m) - b for m, b in zip(final.rounds, base, strict=True)]
+        final.vs_leader = mean_interval(diffs)
+        final.tied = final.vs_leader.low <= 0.0 <= final.vs_leader.high
+        if final.tied:
+            tied.append(name)
+    return tied
+
+
+def cost_key(description: dict[str, Any], m: Measurement) -> tuple[float, float, int]:
+    """Cheaper first: fewer instances, less memory (GPU, else host RAM), smaller max batch."""
+    memory = m.metric("gpu_used_memory")
+    if memory is None:
+        memory = m.metric("cpu_used_ram") or 0.0
+    return (float(description.get("instance_count") or 0), float(memory),
+            int(description.get("max_batch_size") or 0))  # fmt: skip
+
+
+@dataclass
+class Comparison:
+    """The final comparison of one model, as the summary and the results file report it."""
+
+    rounds: int
+    finalists: list[str]
+    points: int = 0  # measurements the rounds took
+    seconds: float = 0.0
+    search_points: int = 0
+    search_seconds: float = 0.0
+    leader: str = ""  # best score over the rounds
+    recommended: str = ""  # the cheapest of those tied with the leader
+    tied: list[str] = field(default_factory=list)
+    why: str = ""  # one sentence when the recommendation is not the leader
+    vs_default: Interval | None = None  # throughput ratio recommended/default, paired
+    dropped: dict[str, str] = field(default_factory=dict)  # finalists that failed in the rounds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": METHOD, "rounds": self.rounds, "finalists": self.finalists,
+            "points": self.points, "seconds": round(self.seconds, 2),
+            "search_points": self.search_points, "search_seconds": round(self.search_seconds, 2),
+            "leader": self.leader, "recommended": self.recommended, "tied": self.tied,
+            "why": self.why,
+            "throughput_vs_default": self.vs_default.to_dict() if self.vs_default else None,
+            "dropped": self.dropped,
+        }  # fmt: skip
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Comparison:
+        fields = {k: v for k, v in data.items() if k not in ("method", "throughput_vs_default")}
+        vs = data.get("throughput_vs_default")
+        return Comparison(**fields, vs_default=Interval(**vs) if vs else None)

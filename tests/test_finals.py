@@ -1,0 +1,114 @@
+"""The final comparison's statistics: intervals, paired ties, the cheapest of the tied, orders."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analyzer.config.profile_config import ProfileConfigError, load_profile_config
+from analyzer.results.finals import (
+    Comparison,
+    FinalResult,
+    mark_ties,
+    mean_interval,
+    ratio_interval,
+    round_orders,
+    summarize,
+)
+from analyzer.results.measurement import Measurement
+from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
+
+
+def point(name: str, throughput: float, p99: float = 5.0, memory: float = 100.0) -> Measurement:
+    return Measurement(model="m", config_name=name, load="concurrency", value=4, batch_size=1,
+                       metrics={"perf_throughput": throughput, "perf_latency_p99": p99,
+                                "cpu_used_ram": memory})  # fmt: skip
+
+
+def result(name: str, instances: int, max_batch: int, search: list[float]) -> ConfigResult:
+    return ConfigResult(
+        model="m", name=name, params={"n": name}, config_text="", path="",
+        description={"instance_count": instances, "max_batch_size": max_batch,
+                     "instance_group": f"{instances}:CPU", "max_queue_delay_us": None},
+        measurements=[point(name, t) for t in search], is_default=name == "default",
+    )  # fmt: skip
+
+
+def test_mean_interval_is_student_t():
+    values = [10.0, 12.0, 11.0, 13.0, 9.0]
+    got = mean_interval(values)
+    half = 2.776 * math.sqrt(2.5) / math.sqrt(5)  # t(4) = 2.776, sample sd = sqrt(2.5)
+    assert got.estimate == pytest.approx(11.0)
+    assert (got.low, got.high) == pytest.approx((11.0 - half, 11.0 + half))
+
+
+def test_paired_ratio_cancels_drift_between_rounds():
+    # the machine halves its speed between rounds: both configs move together, b is 10% faster
+    a = [1000.0, 500.0, 1000.0, 500.0, 800.0]
+    b = [x * 1.1 for x in a]
+    got = ratio_interval(b, a)
+    assert got.estimate == pytest.approx(1.1)
+    assert got.low == pytest.approx(1.1) and got.high == pytest.approx(1.1)
+    # unpaired, the same numbers overlap completely
+    assert mean_interval(a).high > mean_interval(b).low
+
+
+def test_ties_are_decided_by_paired_differences():
+    ranker = Ranker({"perf_throughput": 1.0}, {})
+    drift = [1.0, 0.6, 1.0, 0.7, 0.9]
+    leader = [point("lead", 1000 * d) for d in drift]
+    clear = [point("slow", 900 * d) for d in drift]  # 10% slower every round
+    noisy = [point("close", 1000 * d * f) for d, f in zip(drift, [1.02, 0.97, 1.01, 0.98, 1.0],
+                                                            strict=True)]  # fmt: skip
+    finals = {"lead": summarize(leader), "slow": summarize(clear), "close": summarize(noisy)}
+    tied = mark_ties(finals, "lead", ranker.score)
+    assert tied == ["lead", "close"]
+    assert finals["close"].tied and not finals["slow"].tied
+    assert finals["slow"].vs_leader.high < 0
+
+
+def test_rounds_change_order_and_every_config_leads_once():
+    orders = round_orders(["a", "b", "c"], 6)
+    assert all(sorted(o) == ["a", "b", "c"] for o in orders)
+    assert {o[0] for o in orders} == {"a", "b", "c"}
+    assert len({tuple(o) for o in orders}) == 6
+
+
+def test_final_rounds_replace_search_points_and_the_cheapest_tied_is_recommended():
+    ranker = Ranker({"perf_throughput": 1.0}, {})
+    big = result("big", 2, 8, [1500.0])  # a lucky search point
+    small = result("small", 1, 8, [1200.0])
+    default = result("default", 1, 32, [700.0])
+    other = result("other", 1, 4, [1100.0])  # not a finalist: its search point stays
+    drift = [1.0, 0.8, 1.0, 0.9, 1.0]
+    big.final = summarize([point("big", 1000 * d * f) for d, f in
+                           zip(drift, [1.01, 0.99, 1.0, 1.02, 0.98], strict=True)])  # fmt: skip
+    small.final = summarize([point("small", 1000 * d * f) for d, f in
+                             zip(drift, [0.99, 1.0, 1.01, 0.98, 1.0], strict=True)])  # fmt: skip
+    default.final = summarize([point("default", 600 * d) for d in drift])
+    ranked = ranker.rank([default, other, small, big])
+    assert [r.name for r in ranked][:3] == ["big", "small", "default"]  # finalists first
+    assert ranked[0].best is big.final.combined
+    finals = {r.name: r.final for r in (big, small, default)}
+    tied = mark_ties(finals, "big", ranker.score)
+    assert tied == ["big", "small"]
+    comparison = Comparison(5, list(finals), leader="big", recommended="small", tied=tied)
+    ordered = recommended_first(ranked, comparison)
+    assert [r.name for r in ordered][:2] == ["small", "big"] and ordered[0].rank == 1
+
+
+def test_results_round_trip():
+    final = summarize([point("a", t) for t in (900.0, 1000.0, 1100.0)])
+    final.tied = True
+    again = FinalResult.from_dict(final.to_dict())
+    assert again.throughput == final.throughput and again.tied
+    comparison = Comparison(3, ["a", "b"], points=6, leader="a", recommended="a", tied=["a"],
+                            vs_default=ratio_interval([2.0, 2.2], [1.0, 1.0]))  # fmt: skip
+    assert Comparison.from_dict(comparison.to_dict()) == comparison
+
+
+def test_final_rounds_setting_is_checked(tmp_path):
+    with pytest.raises(ProfileConfigError, match="final_rounds"):
+        load_profile_config(["--model-repository", str(tmp_path), "--profile-models", "m",
+                             "--final-rounds", "1"])  # fmt: skip
