@@ -106,7 +106,7 @@ def run_final_comparison(
                     profiler._recover()
                     continue
                 loaded[profiler.loaded_as] = profiler.outcome.worker_starts
-                checkpoint.record_point(key, measurement)
+                checkpoint.record_point(key, measurement, "final_round")
             measurement.config_name = result.name
             got[name].append(measurement)
             comparison.points += 1

@@ -51,7 +51,7 @@ class Checkpoint:
             except ValueError:
                 continue  # a line torn by a crash mid-write
             kind = entry.get("type")
-            if kind == "point":
+            if kind in ("point", "final_round"):
                 self.points[entry["key"]] = Measurement.from_dict(entry["measurement"])
             elif kind == "failure":
                 self.failures[entry["key"]] = entry["error"]
@@ -73,9 +73,10 @@ class Checkpoint:
         self.meta.update(meta)
         self._append({"type": "meta", "meta": meta})
 
-    def record_point(self, key: str, measurement: Measurement) -> None:
+    def record_point(self, key: str, measurement: Measurement, kind: str = "point") -> None:
+        """`kind`: "point" for a search point, "final_round" for a round of the final comparison."""
         self.points[key] = measurement
-        self._append({"type": "point", "key": key, "measurement": measurement.to_dict()})
+        self._append({"type": kind, "key": key, "measurement": measurement.to_dict()})
 
     def record_failure(self, key: str, error: str) -> None:
         self.failures[key] = error
