@@ -25,7 +25,7 @@ SEED = [
     "--override-output-model-repository", "--run-config-search-max-concurrency", "2",
     "--run-config-search-max-model-batch-size", "2", "--run-config-search-max-instance-count", "2",
 ]  # fmt: skip
-FAST = ["--measurement-interval", "300", "--max-trials", "3"]
+FAST = ["--measurement-interval", "300", "--max-trials", "3", "--final-rounds", "2"]
 
 
 def profile(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
