@@ -6,8 +6,9 @@ costs a payload switch, not a model load (one at a time on a remote server, whic
 variant under the model's own name). When memory is ranked on, every measurement needs a fresh
 worker (allocators keep freed memory), and the comparison is skipped: the configs keep their
 search points.
-Each round's measurement goes to the checkpoint like a search point: a rerun measures only the
-rounds that are missing.
+
+Each round's measurement goes to the checkpoint (as a `final_round` entry): a rerun measures only
+the rounds that are missing.
 """
 
 from __future__ import annotations
