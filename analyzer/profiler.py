@@ -31,6 +31,7 @@ from analyzer.config.profile_config import (
 from analyzer.final_comparison import run_final_comparison
 from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
 from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
+from analyzer.launch.cpus import CpuListError, Placement, format_cpu_list, pinned, plan_placement
 from analyzer.launch.docker import DockerLauncher
 from analyzer.launch.local import LocalLauncher
 from analyzer.launch.remote import RemoteLauncher
@@ -91,6 +92,7 @@ class ProfileOutcome:
     server_only: list[dict[str, Any]] = field(default_factory=list)
     kind: str = "CPU"
     machine: dict[str, Any] | None = None  # None: this machine (set when rebuilt from a file)
+    placement: dict[str, str] = field(default_factory=dict)  # worker's and client's CPU sets
 
 
 MEMORY_TAGS = {"gpu_used_memory", "gpu_free_memory", "cpu_used_ram", "cpu_available_ram"}
@@ -110,6 +112,7 @@ class Profiler:
         self.payload_key: tuple | None = None
         self.outcome = ProfileOutcome(config, [])
         self.fresh_worker_per_variant = False
+        self.worker_cpus = ""  # taskset list of the local worker ("" = not pinned)
 
     # ---- set-up ---------------------------------------------------------------------------------
     def _check_modes(self) -> None:
@@ -182,6 +185,8 @@ class Profiler:
         self._check_modes()
         list_models(self.config.model_repository)  # a missing repository ends the run here
         space = load_search_space(self.config.search_space)
+        placement = self._placement()  # before the launcher, which starts on its set
+        self.outcome.placement = placement.to_dict()
         if self.config.triton_launch_mode == "remote":
             self._ensure_launcher()  # bad endpoints: one error before anything is written
         if self.config.triton_launch_mode == "docker":
@@ -191,8 +196,10 @@ class Profiler:
         self._check_folders()
         checkpoint = Checkpoint(self.config.checkpoints)
         output = self._prepare_output(checkpoint)
+        self.listener("placement", {"how": placement.how})
         try:
-            self._profile_models(checkpoint, space)
+            with pinned(placement.client):  # the shards it starts inherit the set
+                self._profile_models(checkpoint, space)
         finally:
             self._shutdown()
             output.release()
@@ -201,6 +208,20 @@ class Profiler:
             model.results = recommended_first(ranker.rank(model.results), model.comparison)
         self.outcome.wall_s = time.monotonic() - started
         return self.outcome
+
+    def _placement(self) -> Placement:
+        """The worker's and the load generator's CPU sets (see launch/cpus.py)."""
+        c = self.config
+        worker = c.worker_cpus
+        docker_set = str((c.triton_docker_args or {}).get("cpuset_cpus", ""))
+        if c.triton_launch_mode == "docker" and docker_set and not worker:
+            worker = docker_set  # the container's own cpuset is the worker's set
+        try:
+            placement = plan_placement(worker, c.client_cpus, c.triton_launch_mode != "remote")
+        except CpuListError as err:
+            raise ProfileConfigError(str(err)) from None
+        self.worker_cpus = format_cpu_list(placement.worker) if placement.worker else ""
+        return placement
 
     def _profile_models(self, checkpoint: Checkpoint, space) -> None:
         if self.config.triton_launch_mode == "remote":  # the server's GPUs, from its metrics
@@ -454,12 +475,13 @@ class Profiler:
                     c.export / "logs" / "worker.log", flags, c.server_startup_timeout,
                     gpus=[] if c.cpu_only else c.gpus, mounts=c.triton_docker_mounts,
                     shm_size=c.triton_docker_shm_size, labels=c.triton_docker_labels,
-                    run_args=c.triton_docker_args,
+                    run_args={"cpuset_cpus": self.worker_cpus, **(c.triton_docker_args or {})}
+                    if self.worker_cpus else c.triton_docker_args,
                 )  # fmt: skip
             else:
                 self.launcher = LocalLauncher(
                     c.output_repository, c.export / "logs" / "worker.log", flags,
-                    c.server_startup_timeout, cpus=c.worker_cpus, gpus=c.gpus,
+                    c.server_startup_timeout, cpus=self.worker_cpus, gpus=c.gpus,
                 )  # fmt: skip
         return self.launcher
 

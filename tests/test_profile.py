@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from analyzer.config.model_config import load_model_config
+from analyzer.launch.cpus import parse_cpu_list
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -99,6 +100,17 @@ def test_the_seed_command(tmp_path):
         "Model,GPU UUID,GPU Memory Usage (MB),GPU Utilization (%),GPU Power Usage (W)"
     )
     assert (exp / "logs" / "worker.log").exists()
+    placement = results(exp)["cpu_placement"]
+    starts = [line for line in (exp / "logs" / "worker.log").read_text().splitlines()
+              if line.startswith("--- start")]  # fmt: skip
+    if len(os.sched_getaffinity(0)) >= 2:  # disjoint by default: the worker was started pinned
+        worker, client = placement["worker_cpus"], placement["client_cpus"]
+        assert worker != "all" and client != "all"
+        assert not parse_cpu_list(worker, "w") & parse_cpu_list(client, "c")
+        assert all(f"taskset -c {worker} " in line for line in starts)
+        assert f"load generator on CPUs {client}" in text
+    else:
+        assert placement["worker_cpus"] == placement["client_cpus"] == "all"
     assert not workers_serving(out)
 
 
@@ -210,6 +222,10 @@ def test_existing_output_repository_is_refused(tmp_path):
          "'triton_docker_labels' is 'team'; expected k=v pairs"),
         (["--profile-models", "add_sub", "--run-config-search-max-concurrency", "x"],
          "'run_config_search_max_concurrency' is 'x'"),
+        (["--profile-models", "add_sub", "--worker-cpus", "1-x"],
+         "'worker_cpus' is '1-x'; expected a CPU list"),
+        (["--profile-models", "add_sub", "--client-cpus", "4096"],
+         "'client_cpus' is '4096', but CPU 4096 is not one this process may use"),
         (["--profile-models", "add_sub", "--model-repository", "/no/such/repo"],
          "model repository '/no/such/repo' does not exist"),
     ],

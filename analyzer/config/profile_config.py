@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from analyzer.launch.cpus import CpuListError, parse_cpu_list
+
 
 class ProfileConfigError(ValueError):
     """A profile setting is unknown or has a bad value; the message names it."""
@@ -148,8 +150,12 @@ FIELDS: tuple[Field, ...] = (
     Field("client_processes", "int", 0, "Load-generator processes (0: grow when saturated)."),
     Field("server_startup_timeout", "float", 120.0, "Seconds to wait for the worker to start."),
     Field("worker_cpus", "str", "",
-          "CPU list the local worker is pinned to (taskset -c syntax, e.g. 1 or 2-7), so it "
-          "does not share cores with the load generator; default: not pinned."),
+          "CPUs of the local or docker worker (taskset -c syntax, e.g. 1 or 2-7; all: not "
+          "pinned). Default on >= 2 cores: three quarters of the physical cores, the load "
+          "generator on the rest, so neither measures the other's CPU use."),
+    Field("client_cpus", "str", "",
+          "CPUs of the load generator (taskset -c syntax; all: not pinned). Default: the CPUs "
+          "the worker does not have; in remote mode, not pinned."),
     Field("seed", "int", 0, "Seed for random input tensors."),
     Field("shape", "multi", None,
           "NAME:d1,d2 for an input with dynamic dims, every model (repeat the flag per input; "
@@ -632,6 +638,12 @@ def _check_ranges(values: dict[str, Any]) -> None:
     for key in ("measurement_interval", "max_trials", "num_configs_per_model"):
         if values[key] < 1:
             raise ProfileConfigError(f"'{key}' is {values[key]}; expected >= 1")
+    for key in ("worker_cpus", "client_cpus"):
+        if values[key] not in ("", "all"):
+            try:
+                parse_cpu_list(values[key], key)
+            except CpuListError as err:
+                raise ProfileConfigError(str(err)) from None
     if values["final_rounds"] == 1 or values["final_rounds"] < 0:
         raise ProfileConfigError(
             f"'final_rounds' is {values['final_rounds']}; expected 0 (no final comparison) or >= 2"

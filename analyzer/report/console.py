@@ -65,6 +65,9 @@ class ProgressDisplay:
         if event == "worker_start":
             self.console.print("[dim]starting the worker ...[/]")
             return
+        if event == "placement":
+            self.console.print(f"[dim]{data['how']}[/]", highlight=False)
+            return
         if event == "model_done":
             if data["model"] in self.tasks:
                 self.progress.update(self.tasks[data["model"]], total=1, completed=1,

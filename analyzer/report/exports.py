@@ -213,6 +213,7 @@ def results_document(outcome) -> dict[str, Any]:
         "settings": _settings(c.values),
         "machine": outcome.machine or machine_info(),
         "instance_kind": outcome.kind,
+        "cpu_placement": outcome.placement,
         "stats": {"measured": outcome.measured, "reused": outcome.reused, "shared": outcome.shared,
                   "worker_starts": outcome.worker_starts, "wall_s": outcome.wall_s},
         "server_only": outcome.server_only,

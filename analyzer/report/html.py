@@ -147,6 +147,7 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> 
         failed=[c for c in model["configs"] if c["error"]],
         objectives=", ".join(f"{t} ×{w:g}" for t, w in model["objectives"].items()),
         machine=document["machine"], kind=document["instance_kind"],
+        placement=document.get("cpu_placement") or {},
         settings=document["settings"], source=RESULTS_FILE,
         measured_points=sum(len(c["measurements"]) for c in measured),
         measured_configs=len(measured),

@@ -49,6 +49,7 @@ def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
         shared=stats.get("shared", 0), worker_starts=stats["worker_starts"],
         wall_s=stats["wall_s"], server_only=document["server_only"],
         kind=document["instance_kind"], machine=document["machine"],
+        placement=document.get("cpu_placement") or {},
     )  # fmt: skip
 
 
