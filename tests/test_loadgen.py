@@ -77,6 +77,9 @@ def test_time_and_count_windows_follow_perf_analyzer_rules(examples_worker):
     (point,) = measure(examples_worker, "http", model="add_sub", concurrency=[2], settings=settings)
     assert 3 <= point.windows <= 5
     assert point.duration_s == pytest.approx(3 * 0.4, rel=0.25)
+    # the window-to-window variation, as a 95% CI half-width like the adaptive rule's
+    assert point.ci_throughput_pct is not None and 0 <= point.ci_throughput_pct < 1000
+    assert point.ci_latency_pct is not None
 
 
 def test_torchscript_batch_and_several_client_processes(examples_worker):

@@ -91,6 +91,9 @@ def test_the_seed_command(tmp_path):
                    "p99 Latency (ms)", "Server Queue time (ms)",
                    "Server Compute Infer time (ms)"):  # fmt: skip
         assert column in rows[0]
+    header = list(rows[0])  # ours come after MA's: the stability flag and its interval
+    assert header.index("Stable") + 1 == header.index("Throughput 95% CI (+/- %)")
+    assert all(float(r["Throughput 95% CI (+/- %)"]) > 0 for r in rows)
     assert {r["Concurrency"] for r in rows} == {"1", "2"}
     assert len(rows) == results(exp)["stats"]["measured"]
     gpu = (exp / "results" / "metrics-model-gpu.csv").read_text().splitlines()

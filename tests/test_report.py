@@ -47,10 +47,17 @@ def test_summary_names_the_recommendation_and_lists_every_config(run):
         assert config["name"] in body
     pattern = r'<img class="plot" alt="([^"]+)" src="data:image/png;base64,([^"]+)"'
     images = re.findall(pattern, page)
+    assert model["final_comparison"] is not None
     assert [alt for alt, _ in images] == [
         "throughput vs p99 latency per config, Pareto front marked",
+        "final comparison: throughput and p99 with 95% intervals",
         "throughput vs load for the winner and the default",
     ]  # no GPU here: no GPU-memory plot
+    for config in measured:  # every point carries its error bar: a 95% CI half-width in %
+        for m in config["measurements"]:
+            assert 0 < m["metrics"]["perf_throughput_ci_pct"] < 1000
+    if document["cpu_placement"]["worker_cpus"] != "all":
+        assert "CPU placement" in page and document["cpu_placement"]["how"] in html.unescape(page)
     assert all(len(data) > 1000 for _, data in images)
     assert "http://" not in page and "https://" not in page  # self-contained
     for name in model["top"]:
@@ -93,7 +100,7 @@ def test_summary_renders_in_headless_chromium(run):
     found = re.search(r'<pre id="__probe">(.*?)</pre>', dom.stdout, re.S)
     assert found, dom.stderr[-2000:]
     state = json.loads(html.unescape(found.group(1)))
-    assert len(state["imgs"]) == 2
+    assert len(state["imgs"]) == 3  # with the final comparison's
     for image in state["imgs"]:
         assert image["complete"] and image["w"] > 0 and image["h"] > 0 and image["shown"] > 0
     assert state["failed"] == []

@@ -200,13 +200,12 @@ class Measurer:
         if self.settings.mode == "adaptive":
             window, windows, stable, ci = self._adaptive(mode, value)
         else:
-            window, windows, stable = self._perf_analyzer_windows()
-            ci = (None, None)
+            window, windows, stable, ci = self._perf_analyzer_windows()
         point = self._point(mode, value, window, windows, stable, ci, time.monotonic() - started)
         return point
 
     # ---- perf_analyzer's rule ----------------------------------------------------------------
-    def _perf_analyzer_windows(self) -> tuple[_Window, int, bool]:
+    def _perf_analyzer_windows(self) -> tuple[_Window, int, bool, tuple[float, float]]:
         s = self.settings
         windows: list[_Window] = []
         for _ in range(s.max_trials):
@@ -225,8 +224,26 @@ class Measurer:
             recs = self._records().ended_in(t0, t1)
             windows.append(_Window(t0, t1, recs, stats0, stats1))
             if len(windows) >= 3 and self._windows_stable(windows[-3:]):
-                return self._merge(windows[-3:]), len(windows), True
-        return self._merge(windows[-3:]), len(windows), False
+                return self._merge(windows[-3:]), len(windows), True, self._windows_ci(windows)
+        return self._merge(windows[-3:]), len(windows), False, self._windows_ci(windows)
+
+    def _windows_ci(self, windows: list[_Window]) -> tuple[float | None, float | None]:
+        """95% CI half-widths (% of the mean) of throughput and latency over the kept windows:
+        the point's window-to-window variation, in the adaptive rule's terms."""
+        kept = windows[-3:]
+        if len(kept) < 2:
+            return None, None
+        thr = np.array([np.count_nonzero(w.records.ok) / w.seconds for w in kept], dtype=float)
+        lats = [w.records.latency_ns() for w in kept]
+        lat = np.array([self._latency_statistic(x) for x in lats if x.size], dtype=float)
+
+        def half_width(series: np.ndarray) -> float | None:
+            if series.size < 2 or series.mean() <= 0:
+                return None
+            spread = series.std(ddof=1) / math.sqrt(series.size) / series.mean()
+            return 100.0 * t95(series.size - 1) * spread
+
+        return half_width(thr), half_width(lat)
 
     def _windows_stable(self, windows: list[_Window]) -> bool:
         band = self.settings.stability_pct / 100.0

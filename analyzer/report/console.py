@@ -183,6 +183,11 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         for r in top:
             if r.violations:
                 console.print(f"  [yellow]{r.name} breaks {'; '.join(r.violations)}[/]")
+            if r.best is not None and not r.best.stable and r.final is None:
+                ci = r.best.metrics.get("perf_throughput_ci_pct")
+                spread = f" (95% CI ±{ci:.0f}%)" if ci is not None else ""
+                console.print(f"  [yellow]{r.name}: its best point never settled within the "
+                              f"stability band{spread}: its numbers are noisy[/]")  # fmt: skip
             if r.best is not None and r.best.client_bound:
                 console.print(f"  [yellow]{r.name}: its best point was client-bound: the load "
                               "generator, not the server, limited it[/]")  # fmt: skip

@@ -72,6 +72,7 @@ COLUMNS: dict[str, tuple[str, Getter]] = {
     "server_avg_batch": ("Server Avg Batch", _metric("server_avg_batch", 2)),
     "cpu_utilization": ("Server CPU Utilization (%)", _metric("cpu_utilization", 1)),
     "stable": ("Stable", lambda r, m, k: "Yes" if m.stable else "No"),
+    "perf_throughput_ci_pct": ("Throughput 95% CI (+/- %)", _metric("perf_throughput_ci_pct", 1)),
     "client_saturated": ("Client Saturated", lambda r, m, k: "Yes" if m.client_saturated else "No"),
     "effective_concurrency": ("Effective Concurrency", _metric("effective_concurrency", 2)),
     "client_cpu_pct": ("Client CPU (%)", _metric("client_cpu_pct", 1)),
@@ -86,7 +87,7 @@ DEFAULT_INFERENCE_FIELDS = [
     "perf_server_queue", "perf_server_compute_input", "perf_server_compute_infer",
     "perf_server_compute_output", "perf_client_send_recv", "cpu_used_ram",
     "max_queue_delay_microseconds", "server_avg_batch", "cpu_utilization", "stable",
-    "effective_concurrency", "client_cpu_pct", "client_bound",
+    "perf_throughput_ci_pct", "effective_concurrency", "client_cpu_pct", "client_bound",
 ]  # fmt: skip
 GPU_HEADERS = {
     "model_name": "Model", "gpu_uuid": "GPU UUID", "batch_size": "Batch",

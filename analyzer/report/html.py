@@ -126,6 +126,9 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> 
                         "uri": plots.throughput_vs_latency(
                             measured, winner["name"], default["name"] if default else "",
                             _budget(model))})  # fmt: skip
+        if model.get("final_comparison") and any(c.get("final_comparison") for c in measured):
+            figures.append({"alt": "final comparison: throughput and p99 with 95% intervals",
+                            "uri": plots.final_comparison(measured, model["final_comparison"])})
         pair = [winner] + ([default] if default and default is not winner and default in measured
                            else [])  # fmt: skip
         figures.append({"alt": "throughput vs load for the winner and the default",

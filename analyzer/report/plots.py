@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
 WINNER, DEFAULT, OTHER, FRONT = "#1a7f37", "#6e7781", "#c8ccd1", "#cf222e"
+UNSTABLE = "#bc4c00"
 _STYLE = {"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9,
           "axes.spines.top": False, "axes.spines.right": False}  # fmt: skip
 
@@ -30,6 +31,27 @@ def _uri(fig) -> str:
 
 def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(config["measurements"], key=lambda m: (m["batch_size"], m["value"]))
+
+
+def _errors(pts: list[dict[str, Any]]) -> list[float]:
+    """Each point's throughput error bar: its 95% CI half-width (window-to-window variation)."""
+    return [m["metrics"]["perf_throughput"] * m["metrics"].get("perf_throughput_ci_pct", 0.0)
+            / 100.0 for m in pts]  # fmt: skip
+
+
+def _mark_unstable(ax, xs: list[float], ys: list[float], pts: list[dict[str, Any]],
+                   color: str) -> bool:  # fmt: skip
+    """Points that never settled within the stability band: an orange cross on the point."""
+    bad = [(x, y) for x, y, m in zip(xs, ys, pts, strict=True) if not m.get("stable", True)]
+    if bad:
+        ax.scatter([b[0] for b in bad], [b[1] for b in bad], s=36, marker="x", color=UNSTABLE,
+                   linewidths=1.4, zorder=6)  # fmt: skip
+    return bool(bad)
+
+
+def _unstable_note(ax) -> None:
+    ax.annotate("x: point not stable within the band", (0.01, 0.98),
+                xycoords="axes fraction", va="top", fontsize=7, color=UNSTABLE)  # fmt: skip
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -47,6 +69,7 @@ def throughput_vs_latency(configs: list[dict[str, Any]], winner: str, default: s
     with plt.rc_context(_STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 4.2))
         everything = []
+        unstable = False
         for config in configs:
             pts = _points(config)
             if not pts:
@@ -61,8 +84,13 @@ def throughput_vs_latency(configs: list[dict[str, Any]], winner: str, default: s
             )  # fmt: skip
             ax.plot(xs, ys, "-o", color=color, lw=width, ms=3, zorder=z)
             if name in (winner, default):
+                ax.errorbar(xs, ys, yerr=_errors(pts), fmt="none", ecolor=color, elinewidth=1,
+                            capsize=2, zorder=z)  # fmt: skip
                 ax.annotate(name, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4),
                             color=color, fontsize=8)  # fmt: skip
+                unstable |= _mark_unstable(ax, xs, ys, pts, color)
+        if unstable:
+            _unstable_note(ax)
         front = pareto_front(everything)
         if front:
             ax.plot([p[0] for p in front], [p[1] for p in front], "--", color=FRONT, lw=1,
@@ -83,7 +111,8 @@ def throughput_vs_latency(configs: list[dict[str, Any]], winner: str, default: s
                             color=FRONT)
         ax.set_xlabel("p99 latency (ms)")
         ax.set_ylabel("throughput (infer/s)")
-        ax.set_title("Throughput vs p99 latency over the load sweep (one line per config)")
+        ax.set_title("Throughput vs p99 latency over the load sweep (one line per config; "
+                     "bars: 95% CI of each point)")
         return _uri(fig)
 
 
@@ -91,6 +120,7 @@ def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
     with plt.rc_context(_STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 3.6))
         load = "concurrency"
+        unstable = False
         for i, config in enumerate(configs):
             pts = _points(config)
             if not pts:
@@ -99,7 +129,9 @@ def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
             xs = [m["value"] for m in pts]
             ys = [m["metrics"]["perf_throughput"] for m in pts]
             color = WINNER if i == 0 else DEFAULT
-            ax.plot(xs, ys, "-o", color=color, ms=3, lw=2)
+            ax.errorbar(xs, ys, yerr=_errors(pts), fmt="-o", color=color, ms=3, lw=2,
+                        elinewidth=1, capsize=2)  # fmt: skip
+            unstable |= _mark_unstable(ax, xs, ys, pts, color)
             ax.annotate(config["name"], (xs[-1], ys[-1]), textcoords="offset points",
                         xytext=(4, 4), color=color, fontsize=8)  # fmt: skip
         ax.set_xscale("log", base=2)
@@ -109,7 +141,36 @@ def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
         ax.set_xlabel("concurrency (requests in flight)" if load == "concurrency"
                       else "request rate (requests/s)")  # fmt: skip
         ax.set_ylabel("throughput (infer/s)")
-        ax.set_title(title)
+        ax.set_title(title + " (bars: 95% CI of each point)")
+        if unstable:
+            _unstable_note(ax)
+        return _uri(fig)
+
+
+def final_comparison(configs: list[dict[str, Any]], comparison: dict[str, Any]) -> str:
+    """The finalists' throughput and p99 over the final rounds, with 95% intervals: overlapping
+    bars are what "tied within noise" looks like."""
+    finals = [c for c in configs if c.get("final_comparison")]
+    finals.sort(key=lambda c: -c["final_comparison"]["perf_throughput"]["estimate"])
+    recommended = comparison.get("recommended", "")
+    with plt.rc_context(_STYLE):
+        fig, axes = plt.subplots(1, 2, figsize=(7.5, 0.45 * len(finals) + 1.4), sharey=True)
+        ys = list(range(len(finals)))[::-1]
+        for ax, tag, label in ((axes[0], "perf_throughput", "throughput (infer/s)"),
+                               (axes[1], "perf_latency_p99", "p99 latency (ms)")):  # fmt: skip
+            for y, c in zip(ys, finals, strict=True):
+                i = c["final_comparison"][tag]
+                color = (WINNER if c["name"] == recommended else DEFAULT if c["is_default"]
+                         else OTHER)  # fmt: skip
+                ax.errorbar([i["estimate"]], [y], xerr=[[i["estimate"] - i["low"]],
+                            [i["high"] - i["estimate"]]], fmt="o", color=color, ms=5,
+                            elinewidth=2, capsize=3)  # fmt: skip
+            ax.set_xlabel(label)
+        labels = [c["name"] + (" (=)" if c["final_comparison"]["tied_with_leader"] else "")
+                  for c in finals]  # fmt: skip
+        axes[0].set_yticks(ys, labels)
+        fig.suptitle(f"Final comparison: {comparison['rounds']} interleaved rounds, 95% "
+                     "intervals ((=): tied with the leader within noise)", fontsize=9)  # fmt: skip
         return _uri(fig)
 
 

@@ -61,6 +61,8 @@ def from_point(
         "client_cpu_wait_pct": point.client_wait_pct,
         "effective_concurrency": point.effective_concurrency,
     }
+    if point.ci_throughput_pct is not None:  # window-to-window variation: 95% CI half-width, %
+        metrics["perf_throughput_ci_pct"] = point.ci_throughput_pct
     if point.server is not None:
         s = point.server
         metrics.update(
