@@ -360,3 +360,28 @@ def test_pareto_front_of_several_objectives_ranks_first():
                      pareto=("perf_throughput", "perf_latency_p99"))  # fmt: skip
     ranked = limited.rank([worse, quick, middle, fast])
     assert [r.name for r in ranked][-1] == "fast" and not ranked[-1].pareto
+
+
+def test_optuna_trial_floor_scales_with_a_small_space(tmp_path):
+    """The held-out-like space (2 instance counts x 5 batch sizes x 3 delays, c <= 16): MA's fixed
+    20 trials are most of the study there. The scaled floor measures fewer points and finds the
+    same best config as 20 trials do, seed for seed."""
+    from analyzer.search.optuna import OptunaSearch, OptunaSettings, scaled_min_trials
+
+    assert [scaled_min_trials(n) for n in (20, 150, 180, 200, 3000)] == [10, 15, 18, 20, 20]
+    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=16, max_instance_count=2,
+                          max_concurrency=16)  # fmt: skip
+    brute = _walk(BruteSearch(load_search_space(), limits), _synthetic)
+
+    def search(seed: int, min_trials: int | None) -> list:
+        settings = OptunaSettings(storage=f"sqlite:///{tmp_path / f'{seed}-{min_trials}.db'}",
+                                  study_name="s", seed=seed, min_trials=min_trials)  # fmt: skip
+        optuna_search = OptunaSearch(load_search_space(), limits, settings)
+        assert optuna_search.space_size == 2 * 5 * 3 * 5
+        assert optuna_search.min_trials == (15 if min_trials is None else min_trials)
+        return _walk(optuna_search, _synthetic)
+
+    for seed in (0, 1, 2):
+        scaled, fixed = search(seed, None), search(seed, 20)
+        assert len(scaled) < len(fixed) < len(brute)
+        assert max(map(_synthetic, scaled)) == max(map(_synthetic, fixed))

@@ -73,7 +73,9 @@ FIELDS: tuple[Field, ...] = (
     Field("run_config_search_max_instance_count", "int", 5, "Most instances tried."),
     Field("search_space", "path", None,
           "Search space YAML (default: search_spaces/default.yaml)."),
-    Field("optuna_min_trials", "int", 20, "Fewest Optuna trials (points) per model."),
+    Field("optuna_min_trials", "int", None,
+          "Fewest Optuna trials (points) per model. Default: scaled to the space, a tenth of "
+          "it within 10..20 (MA's fixed 20 is most of a small space's budget)."),
     Field("optuna_max_trials", "int", 200, "Most Optuna trials (points) per model."),
     Field("optuna_early_exit_threshold", "int", 10,
           "Stop once the best has not improved for this many trials."),
