@@ -22,7 +22,10 @@ from analyzer.loadgen.measure import MeasurementError
 from analyzer.loadgen.perf import PerfOptions
 from analyzer.results.checkpoint import Checkpoint, point_key
 from analyzer.results.finals import (
+    Calibration,
     Comparison,
+    affordable_rounds,
+    calibrate,
     cost_key,
     mark_ties,
     ratio_interval,
@@ -47,11 +50,48 @@ def finalists(model: ModelOutcome, ranker: Ranker, count: int) -> list[ConfigRes
     return chosen
 
 
+CALIBRATION_WINDOWS = 5
+DEFAULT_ROUNDS = 5  # when --final-rounds is unset and no calibration could run
+
+
+def round_options(options: PerfOptions) -> PerfOptions:
+    """One fixed window after a short warm-up, whatever the search's stopping rule: the rounds
+    give the interval, so no round needs to be stable on its own."""
+    window = max(400, options.settings.min_window_ms // 2)
+    settings = dataclasses.replace(
+        options.settings, mode="adaptive", stability_pct=1000.0, min_window_ms=window,
+        window_ms=window, max_trials=4,
+    )  # fmt: skip
+    return dataclasses.replace(options, settings=settings)
+
+
+def calibrate_default(
+    profiler: Profiler, result: ConfigResult, trial: Trial, options: PerfOptions,
+    checkpoint: Checkpoint, fingerprint: str,
+) -> Calibration | None:  # fmt: skip
+    """The A/A run at the start: the default config, loaded for the search's first point, gets
+    CALIBRATION_WINDOWS more windows of a final round's kind back to back. How much they move
+    sets the number of final rounds. Checkpointed, so a rerun does not measure them again."""
+    windows = []
+    for index in range(CALIBRATION_WINDOWS):
+        key = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
+                        f"{fingerprint}|calibration {index + 1} of {CALIBRATION_WINDOWS}")
+        measurement = checkpoint.points.get(key)
+        if measurement is None:
+            try:
+                measurement = profiler._measure(result, trial, round_options(options))
+            except (LaunchError, ServerError, MeasurementError, OSError):
+                profiler._recover()
+                return None  # the search goes on; the rounds fall back to DEFAULT_ROUNDS
+            checkpoint.record_point(key, measurement, "calibration")
+        windows.append(measurement)
+    return calibrate(windows)
+
+
 def run_final_comparison(
     profiler: Profiler, model: ModelOutcome, options: PerfOptions, checkpoint: Checkpoint,
     fingerprint: str,
 ) -> None:  # fmt: skip
-    rounds = profiler.config.final_rounds
     if profiler.fresh_worker_per_variant:
         # memory is ranked: each measurement needs a fresh worker, and rounds of worker starts
         # would cost more than the search; the configs keep their search points
@@ -59,12 +99,15 @@ def run_final_comparison(
     spec = model.spec
     ranker = Ranker(spec.objectives, spec.constraints, model.pareto)
     chosen = finalists(model, ranker, max(1, profiler.config.num_configs_per_model))
+    search_seconds = sum(m.wall_s for r in model.results for m in r.measurements)
+    rounds, note = _rounds(profiler.config.final_rounds, model.calibration, len(chosen),
+                           search_seconds)  # fmt: skip
     if rounds < 2 or len(chosen) < 2:
         return
     comparison = Comparison(
         rounds, [r.name for r in chosen],
         search_points=sum(len(r.measurements) for r in model.results),
-        search_seconds=sum(m.wall_s for r in model.results for m in r.measurements),
+        search_seconds=search_seconds, calibration=model.calibration, rounds_note=note,
     )  # fmt: skip
     model.comparison = comparison
     by_name = {r.name: r for r in chosen}
@@ -72,14 +115,7 @@ def run_final_comparison(
     for r in chosen:
         assert r.best is not None
         trials[r.name] = Trial.make(r.params, r.best.load, r.best.value, r.best.batch_size)
-    # One fixed window per round after a short warm-up, whatever the search's stopping rule: the
-    # rounds give the interval, so no round needs to be stable on its own.
-    window = max(400, options.settings.min_window_ms // 2)
-    settings = dataclasses.replace(
-        options.settings, mode="adaptive", stability_pct=1000.0, min_window_ms=window,
-        window_ms=window, max_trials=4,
-    )  # fmt: skip
-    round_options = dataclasses.replace(options, settings=settings)
+    per_round = round_options(options)
     launcher = profiler._ensure_launcher()
     together = not launcher.remote
     got: dict[str, list[Measurement]] = {name: [] for name in by_name}
@@ -99,7 +135,7 @@ def run_final_comparison(
                 elif loaded.get(name) == profiler.outcome.worker_starts:
                     profiler.loaded = profiler.loaded_as = name  # still loaded: no reload
                 try:
-                    measurement = profiler._measure(result, trial, round_options)
+                    measurement = profiler._measure(result, trial, per_round)
                 except LaunchSetupError:
                     raise
                 except (LaunchError, ServerError, MeasurementError, OSError) as err:
@@ -138,6 +174,23 @@ def run_final_comparison(
             [m.metrics["perf_throughput"] for m in finals[cheapest].rounds],
             [m.metrics["perf_throughput"] for m in finals[default.name].rounds],
         )
+
+
+def _rounds(configured: int | None, calibration: Calibration | None, finalists: int,
+            search_s: float) -> tuple[int, str]:  # fmt: skip
+    """The number of rounds and one clause saying how it was chosen."""
+    if configured is not None:
+        return configured, "as --final-rounds asks"
+    if calibration is None:
+        return DEFAULT_ROUNDS, "the default (no A/A calibration ran)"
+    rounds = affordable_rounds(calibration.rounds, finalists, calibration.window_s, search_s)
+    text = (f"from an A/A calibration of the default config: {len(calibration.throughputs)} "
+            f"windows ({len(calibration.throughputs) * calibration.window_s:.0f} s) varied by "
+            f"{calibration.noise_pct:.1f}% (CV), which asks for "
+            f"{calibration.rounds} rounds to resolve 5%")  # fmt: skip
+    if rounds < calibration.rounds:
+        text += f"; {rounds} keep the comparison within a quarter of the search's time"
+    return rounds, text
 
 
 def _unload_all(profiler: Profiler, names: set[str]) -> None:

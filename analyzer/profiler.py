@@ -28,7 +28,7 @@ from analyzer.config.profile_config import (
     ProfileConfig,
     ProfileConfigError,
 )
-from analyzer.final_comparison import run_final_comparison
+from analyzer.final_comparison import calibrate_default, run_final_comparison
 from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
 from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
 from analyzer.launch.cpus import CpuListError, Placement, format_cpu_list, pinned, plan_placement
@@ -53,7 +53,7 @@ from analyzer.repository.variants import (
     write_variant,
 )
 from analyzer.results.checkpoint import Checkpoint, config_key, point_key
-from analyzer.results.finals import Comparison
+from analyzer.results.finals import Calibration, Comparison
 from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
 from analyzer.search.base import Outcome, SearchStrategy, Trial
@@ -74,6 +74,7 @@ class ModelOutcome:
     study: dict[str, str] = field(default_factory=dict)  # optuna: storage URL and study name
     pareto: list[str] = field(default_factory=list)  # the objectives of a multi-objective study
     comparison: Comparison | None = None  # the final side-by-side rounds, when they ran
+    calibration: Calibration | None = None  # the A/A run of the default at the start
 
     @property
     def default(self) -> ConfigResult | None:
@@ -365,6 +366,10 @@ class Profiler:
             ))  # fmt: skip
             if fresh:
                 checkpoint.record_point(pkey, measurement)
+            if (result.is_default and model.calibration is None and self.config.final_rounds
+                    is None and not self.fresh_worker_per_variant):  # fmt: skip
+                model.calibration = calibrate_default(self, result, trial, options, checkpoint,
+                                                      fingerprint_text)  # fmt: skip
         self._unload()
 
     def _merge_shared(

@@ -7,13 +7,18 @@ import math
 import pytest
 
 from analyzer.config.profile_config import ProfileConfigError, load_profile_config
+from analyzer.final_comparison import _rounds
 from analyzer.results.finals import (
+    Calibration,
     Comparison,
     FinalResult,
+    affordable_rounds,
+    calibrate,
     mark_ties,
     mean_interval,
     ratio_interval,
     round_orders,
+    rounds_for_noise,
     summarize,
 )
 from analyzer.results.measurement import Measurement
@@ -112,3 +117,24 @@ def test_final_rounds_setting_is_checked(tmp_path):
     with pytest.raises(ProfileConfigError, match="final_rounds"):
         load_profile_config(["--model-repository", str(tmp_path), "--profile-models", "m",
                              "--final-rounds", "1"])  # fmt: skip
+
+
+def test_the_calibration_sets_the_rounds_within_the_budget():
+    assert rounds_for_noise(0.0) == 3
+    assert rounds_for_noise(0.02) == 4  # a quiet machine: 2% per window
+    assert rounds_for_noise(0.10) == 10  # this VM: capped
+    assert affordable_rounds(10, 4, 0.65, 80.0) == 7  # 4 x 7 x 0.65 s <= 20 s = 25% of 80 s
+    assert affordable_rounds(10, 4, 0.65, 5.0) == 3  # never below three
+    windows = [point("d", t) for t in (1000.0, 1010.0, 990.0, 1005.0, 995.0)]
+    for m in windows:
+        m.wall_s = 0.6
+    calibration = calibrate(windows)
+    assert calibration.noise_pct == pytest.approx(0.79, abs=0.01) and calibration.rounds == 3
+    assert _rounds(None, calibration, 3, 100.0)[0] == 3
+    assert _rounds(7, calibration, 3, 100.0) == (7, "as --final-rounds asks")
+    assert _rounds(None, None, 3, 100.0)[0] == 5
+    noisy = Calibration([1.0] * 5, 12.0, 10, 0.6)
+    rounds, note = _rounds(None, noisy, 4, 40.0)
+    assert rounds == 4 and "asks for 10 rounds" in note and "a quarter of the search" in note
+    comparison = Comparison(4, ["a", "b"], calibration=noisy, rounds_note=note)
+    assert Comparison.from_dict(comparison.to_dict()) == comparison

@@ -341,11 +341,20 @@ def test_quick_mode_end_to_end(tmp_path):
         "--output-model-repository-path", "OUT", "--export-path", "EXP",
         "--run-config-search-mode", "quick", "--run-config-search-max-concurrency", "8",
         "--run-config-search-max-model-batch-size", "4", "--run-config-search-max-instance-count",
-        "2", "--num-configs-per-model", "1", "--client-protocol", "http", *FAST,
+        "2", "--num-configs-per-model", "1", "--client-protocol", "http",
+        *FAST[: FAST.index("--final-rounds")],  # the rounds left to the A/A calibration
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "Best config for add_sub" in " ".join(run.stdout.split())
+    text = " ".join(run.stdout.split())
+    assert "Best config for add_sub" in text
     document = results(tmp_path / "EXP")
+    comparison = document["models"][0]["final_comparison"]
+    calibration = comparison["calibration"]
+    assert len(calibration["throughputs"]) == 5 and calibration["noise_pct"] >= 0
+    assert 3 <= comparison["rounds"] <= calibration["rounds"] <= 10
+    assert f"{comparison['rounds']} rounds from an A/A calibration of the default config" in text
+    checkpoint = (tmp_path / "EXP" / "checkpoints" / "profile.ckpt.jsonl").read_text()
+    assert checkpoint.count('"type": "calibration"') == 5
     configs = [c for c in document["models"][0]["configs"] if c["measurements"]]
     points = [(c["name"], m["value"]) for c in configs for m in c["measurements"]]
     assert len(points) == len(set(points))  # no point measured twice

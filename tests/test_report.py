@@ -31,6 +31,10 @@ def run(tmp_path_factory):
     return root
 
 
+def default_name(model: dict) -> str:
+    return next(c["name"] for c in model["configs"] if c["is_default"])
+
+
 def test_summary_names_the_recommendation_and_lists_every_config(run):
     document = results(run / "EXP")
     model = document["models"][0]
@@ -47,7 +51,27 @@ def test_summary_names_the_recommendation_and_lists_every_config(run):
         assert config["name"] in body
     pattern = r'<img class="plot" alt="([^"]+)" src="data:image/png;base64,([^"]+)"'
     images = re.findall(pattern, page)
-    assert model["final_comparison"] is not None
+    comparison = model["final_comparison"]  # the side-by-side rounds: intervals and ties
+    assert comparison["rounds"] == 2 and default_name(model) in comparison["finalists"]
+    by_name = {c["name"]: c for c in model["configs"]}
+    for name in comparison["finalists"]:
+        final = by_name[name]["final_comparison"]
+        assert final["rounds"] == 2 and len(final["measurements"]) == 2
+        for tag in ("perf_throughput", "perf_latency_p99"):
+            interval = final[tag]
+            assert interval["low"] <= interval["estimate"] <= interval["high"]
+        assert final["tied_with_leader"] == (name in comparison["tied"])
+        # the number the ranking shows is the rounds' mean, not the search's point
+        assert by_name[name]["best"]["metrics"]["perf_throughput"] == pytest.approx(
+            final["perf_throughput"]["estimate"])
+    assert comparison["recommended"] == winner["name"]
+    assert comparison["recommended"] in comparison["tied"] + [comparison["leader"]]
+    assert comparison["leader"] in comparison["tied"]
+    ratio = comparison["throughput_vs_default"]  # none when the default is recommended
+    assert (ratio is None) == (comparison["recommended"] == default_name(model))
+    if ratio is not None:
+        assert ratio["low"] <= ratio["estimate"] <= ratio["high"]
+    assert "How sure: the top" in html.unescape(page)
     assert [alt for alt, _ in images] == [
         "throughput vs p99 latency per config, Pareto front marked",
         "final comparison: throughput and p99 with 95% intervals",

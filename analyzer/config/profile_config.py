@@ -109,10 +109,12 @@ FIELDS: tuple[Field, ...] = (
     Field("min_throughput", "float", None, "Throughput floor in infer/s (a constraint)."),
     Field("num_configs_per_model", "int", 3, "Top configs per model kept in the ranking."),
     Field("num_top_model_configs", "int", 0, "Top configs across all models (0: per model)."),
-    Field("final_rounds", "int", 5,
+    Field("final_rounds", "int", None,
           "Rounds of the final comparison: after the search the top configs and the default are "
           "measured again side by side, in this many interleaved rounds, and the ranking, the "
-          "intervals and the ties come from them (0: rank on the search's points)."),
+          "intervals and the ties come from them (0: rank on the search's points). Default: "
+          "3-10, set by an A/A calibration of the default config at the start, within a "
+          "quarter of the search's time."),
     Field("client_protocol", "choice", "grpc", "Protocol of the load generator.",
           choices=("grpc", "http")),
     Field("gpus", "strs", ["all"], "GPUs to use and monitor: 'all' or UUIDs/indices."),
@@ -646,7 +648,8 @@ def _check_ranges(values: dict[str, Any]) -> None:
                 parse_cpu_list(values[key], key)
             except CpuListError as err:
                 raise ProfileConfigError(str(err)) from None
-    if values["final_rounds"] == 1 or values["final_rounds"] < 0:
+    rounds = values["final_rounds"]  # None: calibrated
+    if rounds is not None and (rounds == 1 or rounds < 0):
         raise ProfileConfigError(
             f"'final_rounds' is {values['final_rounds']}; expected 0 (no final comparison) or >= 2"
         )

@@ -249,6 +249,8 @@ def how_sure(comparison: Comparison) -> str:
             f"{c.rounds} interleaved rounds ({c.points} points, {c.seconds:.0f} s of measuring; "
             f"the search took {c.search_points} points, {c.search_seconds:.0f} s); intervals are "
             "95% Student t over the rounds, differences paired by round.")  # fmt: skip
+    if c.rounds_note:
+        text += f" {c.rounds} rounds {c.rounds_note}."
     if c.dropped:
         text += f" Left out after failing in the rounds: {', '.join(c.dropped)}."
     others = [n for n in c.tied if n not in (c.recommended, c.leader)]

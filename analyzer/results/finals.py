@@ -152,6 +152,58 @@ def cost_key(description: dict[str, Any], m: Measurement) -> tuple[float, float,
             int(description.get("max_batch_size") or 0))  # fmt: skip
 
 
+RESOLUTION = 0.05  # the throughput difference the rounds should resolve: 5%
+MIN_ROUNDS, MAX_ROUNDS = 3, 10
+BUDGET = 0.25  # the comparison may cost at most this share of the search's measuring time
+
+
+@dataclass
+class Calibration:
+    """An A/A run of the default config before the search: how far one config's round-sized
+    windows move from one to the next on this machine, now."""
+
+    throughputs: list[float]  # infer/s of each window, in order
+    noise_pct: float  # standard deviation of log throughput, in % (a CV)
+    rounds: int  # rounds it asks for (rounds_for_noise)
+    window_s: float  # mean wall time of one window: what one finalist's round will cost
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"throughputs": [round(t, 2) for t in self.throughputs],
+                "noise_pct": round(self.noise_pct, 2), "rounds": self.rounds,
+                "window_s": round(self.window_s, 3)}  # fmt: skip
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Calibration:
+        return Calibration(list(data["throughputs"]), float(data["noise_pct"]),
+                           int(data["rounds"]), float(data["window_s"]))  # fmt: skip
+
+
+def calibrate(windows: list[Measurement]) -> Calibration:
+    throughputs = [m.metrics["perf_throughput"] for m in windows]
+    logs = [math.log(max(t, 1e-12)) for t in throughputs]
+    noise = statistics.stdev(logs) if len(logs) > 1 else 0.0
+    return Calibration(throughputs, 100.0 * noise, rounds_for_noise(noise),
+                       statistics.fmean(m.wall_s for m in windows))  # fmt: skip
+
+
+def rounds_for_noise(noise: float) -> int:
+    """The fewest rounds whose 95% interval of a paired difference between two configs is within
+    RESOLUTION, when each config's rounds vary by `noise` (log scale) independently: the
+    difference then varies by sqrt(2) x noise. Between MIN_ROUNDS and MAX_ROUNDS."""
+    for n in range(MIN_ROUNDS, MAX_ROUNDS + 1):
+        if t95(n - 1) * math.sqrt(2.0) * noise / math.sqrt(n) <= RESOLUTION:
+            return n
+    return MAX_ROUNDS
+
+
+def affordable_rounds(wanted: int, finalists: int, round_s: float, search_s: float) -> int:
+    """`wanted`, lowered until the rounds cost at most BUDGET of the search (not below
+    MIN_ROUNDS)."""
+    if round_s <= 0 or finalists <= 0:
+        return wanted
+    return max(MIN_ROUNDS, min(wanted, int(BUDGET * search_s / (finalists * round_s))))
+
+
 @dataclass
 class Comparison:
     """The final comparison of one model, as the summary and the results file report it."""
@@ -168,6 +220,8 @@ class Comparison:
     why: str = ""  # one sentence when the recommendation is not the leader
     vs_default: Interval | None = None  # throughput ratio recommended/default, paired
     dropped: dict[str, str] = field(default_factory=dict)  # finalists that failed in the rounds
+    calibration: Calibration | None = None  # set the number of rounds (--final-rounds unset)
+    rounds_note: str = ""  # how the number of rounds was chosen, one clause
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,10 +232,15 @@ class Comparison:
             "why": self.why,
             "throughput_vs_default": self.vs_default.to_dict() if self.vs_default else None,
             "dropped": self.dropped,
+            "calibration": self.calibration.to_dict() if self.calibration else None,
+            "rounds_note": self.rounds_note,
         }  # fmt: skip
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Comparison:
-        fields = {k: v for k, v in data.items() if k not in ("method", "throughput_vs_default")}
+        skip = ("method", "throughput_vs_default", "calibration")
+        fields = {k: v for k, v in data.items() if k not in skip}
         vs = data.get("throughput_vs_default")
-        return Comparison(**fields, vs_default=Interval(**vs) if vs else None)
+        aa = data.get("calibration")
+        return Comparison(**fields, vs_default=Interval(**vs) if vs else None,
+                          calibration=Calibration.from_dict(aa) if aa else None)  # fmt: skip
