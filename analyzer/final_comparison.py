@@ -183,13 +183,16 @@ def _rounds(configured: int | None, calibration: Calibration | None, finalists: 
         return configured, "as --final-rounds asks"
     if calibration is None:
         return DEFAULT_ROUNDS, "the default (no A/A calibration ran)"
-    rounds = affordable_rounds(calibration.rounds, finalists, calibration.window_s, search_s)
+    spent = len(calibration.throughputs) * calibration.window_s
+    rounds = affordable_rounds(calibration.rounds, finalists, calibration.window_s, search_s,
+                               spent)  # fmt: skip
     text = (f"from an A/A calibration of the default config: {len(calibration.throughputs)} "
-            f"windows ({len(calibration.throughputs) * calibration.window_s:.0f} s) varied by "
+            f"windows ({spent:.0f} s) varied by "
             f"{calibration.noise_pct:.1f}% (CV), which asks for "
             f"{calibration.rounds} rounds to resolve 5%")  # fmt: skip
     if rounds < calibration.rounds:
-        text += f"; {rounds} keep the comparison within a quarter of the search's time"
+        text += (f"; {rounds} keep the comparison and the calibration within a quarter of the "
+                 "search's time")
     return rounds, text
 
 

@@ -125,6 +125,7 @@ def test_the_calibration_sets_the_rounds_within_the_budget():
     assert rounds_for_noise(0.10) == 10  # this VM: capped
     assert affordable_rounds(10, 4, 0.65, 80.0) == 7  # 4 x 7 x 0.65 s <= 20 s = 25% of 80 s
     assert affordable_rounds(10, 4, 0.65, 5.0) == 3  # never below three
+    assert affordable_rounds(10, 4, 0.65, 80.0, spent_s=3.0) == 6  # the calibration counts
     windows = [point("d", t) for t in (1000.0, 1010.0, 990.0, 1005.0, 995.0)]
     for m in windows:
         m.wall_s = 0.6
@@ -134,7 +135,7 @@ def test_the_calibration_sets_the_rounds_within_the_budget():
     assert _rounds(7, calibration, 3, 100.0) == (7, "as --final-rounds asks")
     assert _rounds(None, None, 3, 100.0)[0] == 5
     noisy = Calibration([1.0] * 5, 12.0, 10, 0.6)
-    rounds, note = _rounds(None, noisy, 4, 40.0)
-    assert rounds == 4 and "asks for 10 rounds" in note and "a quarter of the search" in note
+    rounds, note = _rounds(None, noisy, 4, 40.0)  # (10 s - 3 s) / (4 x 0.6 s)
+    assert rounds == 3 and "asks for 10 rounds" in note and "a quarter of the search" in note
     comparison = Comparison(4, ["a", "b"], calibration=noisy, rounds_note=note)
     assert Comparison.from_dict(comparison.to_dict()) == comparison

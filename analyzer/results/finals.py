@@ -196,12 +196,14 @@ def rounds_for_noise(noise: float) -> int:
     return MAX_ROUNDS
 
 
-def affordable_rounds(wanted: int, finalists: int, round_s: float, search_s: float) -> int:
-    """`wanted`, lowered until the rounds cost at most BUDGET of the search (not below
-    MIN_ROUNDS)."""
+def affordable_rounds(wanted: int, finalists: int, round_s: float, search_s: float,
+                      spent_s: float = 0.0) -> int:  # fmt: skip
+    """`wanted`, lowered until the rounds, with `spent_s` already spent on the calibration, cost
+    at most BUDGET of the search (not below MIN_ROUNDS)."""
     if round_s <= 0 or finalists <= 0:
         return wanted
-    return max(MIN_ROUNDS, min(wanted, int(BUDGET * search_s / (finalists * round_s))))
+    return max(MIN_ROUNDS,
+               min(wanted, int((BUDGET * search_s - spent_s) / (finalists * round_s))))
 
 
 @dataclass
