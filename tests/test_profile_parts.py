@@ -379,7 +379,10 @@ def test_optuna_trial_floor_scales_with_a_small_space(tmp_path):
         optuna_search = OptunaSearch(load_search_space(), limits, settings)
         assert optuna_search.space_size == 2 * 5 * 3 * 5
         assert optuna_search.min_trials == (15 if min_trials is None else min_trials)
-        return _walk(optuna_search, _synthetic)
+        try:
+            return _walk(optuna_search, _synthetic)
+        finally:
+            optuna_search.close()  # its ledger's heartbeat thread
 
     for seed in (0, 1, 2):
         scaled, fixed = search(seed, None), search(seed, 20)

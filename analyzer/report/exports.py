@@ -205,6 +205,7 @@ def results_document(outcome) -> dict[str, Any]:
             "study": model.study, "pareto_objectives": model.pareto,
             "top": [r.name for r in model.results if r.measurements][: c.num_configs_per_model],
             "final_comparison": model.comparison.to_dict() if model.comparison else None,
+            "calibration": model.calibration.to_dict() if model.calibration else None,
             "configs": configs,
         })  # fmt: skip
     return {

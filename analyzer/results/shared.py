@@ -16,7 +16,7 @@ from typing import Any
 from analyzer.config.profile_config import ModelSpec, ProfileConfig, storage_from_environment
 from analyzer.profiler import ModelOutcome, ProfileOutcome
 from analyzer.report.exports import write_csvs, write_results
-from analyzer.results.finals import Comparison, FinalResult
+from analyzer.results.finals import Calibration, Comparison, FinalResult
 from analyzer.results.measurement import Measurement
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
 from analyzer.search.ledger import StudyStorageError, load_points, redact_url, unmerged
@@ -33,6 +33,8 @@ def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
                              pareto=m.get("pareto_objectives") or [])  # fmt: skip
         if m.get("final_comparison"):
             model.comparison = Comparison.from_dict(m["final_comparison"])
+        if m.get("calibration"):
+            model.calibration = Calibration.from_dict(m["calibration"])
         for c in m["configs"]:
             model.results.append(ConfigResult(
                 model=m["name"], name=c["name"], params=c["params"],
