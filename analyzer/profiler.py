@@ -31,7 +31,7 @@ from analyzer.config.profile_config import (
 from analyzer.final_comparison import calibrate_default, run_final_comparison
 from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
 from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
-from analyzer.launch.cpus import CpuListError, Placement, format_cpu_list, pinned, plan_placement
+from analyzer.launch.cpus import CpuListError, Placement, pinned, plan_placement
 from analyzer.launch.docker import DockerLauncher
 from analyzer.launch.local import LocalLauncher
 from analyzer.launch.remote import RemoteLauncher
@@ -113,7 +113,7 @@ class Profiler:
         self.payload_key: tuple | None = None
         self.outcome = ProfileOutcome(config, [])
         self.fresh_worker_per_variant = False
-        self.worker_cpus = ""  # taskset list of the local worker ("" = not pinned)
+        self.placement = Placement(None, None, "")  # CPU sets, planned when the run starts
 
     # ---- set-up ---------------------------------------------------------------------------------
     def _check_modes(self) -> None:
@@ -186,7 +186,7 @@ class Profiler:
         self._check_modes()
         list_models(self.config.model_repository)  # a missing repository ends the run here
         space = load_search_space(self.config.search_space)
-        placement = self._placement()  # before the launcher, which starts on its set
+        placement = self.placement = self._placement()  # before the launcher: it starts there
         self.outcome.placement = placement.to_dict()
         if self.config.triton_launch_mode == "remote":
             self._ensure_launcher()  # bad endpoints: one error before anything is written
@@ -218,11 +218,9 @@ class Profiler:
         if c.triton_launch_mode == "docker" and docker_set and not worker:
             worker = docker_set  # the container's own cpuset is the worker's set
         try:
-            placement = plan_placement(worker, c.client_cpus, c.triton_launch_mode != "remote")
+            return plan_placement(worker, c.client_cpus, c.triton_launch_mode != "remote")
         except CpuListError as err:
             raise ProfileConfigError(str(err)) from None
-        self.worker_cpus = format_cpu_list(placement.worker) if placement.worker else ""
-        return placement
 
     def _profile_models(self, checkpoint: Checkpoint, space) -> None:
         if self.config.triton_launch_mode == "remote":  # the server's GPUs, from its metrics
@@ -480,13 +478,14 @@ class Profiler:
                     c.export / "logs" / "worker.log", flags, c.server_startup_timeout,
                     gpus=[] if c.cpu_only else c.gpus, mounts=c.triton_docker_mounts,
                     shm_size=c.triton_docker_shm_size, labels=c.triton_docker_labels,
-                    run_args={"cpuset_cpus": self.worker_cpus, **(c.triton_docker_args or {})}
-                    if self.worker_cpus else c.triton_docker_args,
+                    run_args={"cpuset_cpus": self.placement.worker_list,
+                              **(c.triton_docker_args or {})}
+                    if self.placement.worker else c.triton_docker_args,
                 )  # fmt: skip
             else:
                 self.launcher = LocalLauncher(
                     c.output_repository, c.export / "logs" / "worker.log", flags,
-                    c.server_startup_timeout, cpus=self.worker_cpus, gpus=c.gpus,
+                    c.server_startup_timeout, cpus=self.placement.worker_list, gpus=c.gpus,
                 )  # fmt: skip
         return self.launcher
 

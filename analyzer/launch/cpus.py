@@ -80,9 +80,14 @@ class Placement:
     client: frozenset[int] | None
     how: str  # one sentence for the console and the results file
 
+    @property
+    def worker_list(self) -> str:
+        """The worker's set as a taskset list; "" when it is not pinned."""
+        return format_cpu_list(self.worker) if self.worker else ""
+
     def to_dict(self) -> dict[str, str]:
         return {
-            "worker_cpus": format_cpu_list(self.worker) if self.worker else "all",
+            "worker_cpus": self.worker_list or "all",
             "client_cpus": format_cpu_list(self.client) if self.client else "all",
             "how": self.how,
         }
@@ -141,9 +146,8 @@ def plan_placement(
             "load generator not pinned (remote worker)"
         )
         return Placement(None, client, how)
-    if worker_text == "all" or client_text == "all":
-        if worker is None and client is None:
-            return Placement(None, None, "worker and load generator share every CPU (asked)")
+    if "all" in (worker_text, client_text) and worker is None and client is None:
+        return Placement(None, None, "worker and load generator share every CPU (asked)")
     if worker_text == "" and client_text == "":
         split = default_split(allowed, sysfs)
         if split is None:

@@ -39,8 +39,7 @@ def _errors(pts: list[dict[str, Any]]) -> list[float]:
             / 100.0 for m in pts]  # fmt: skip
 
 
-def _mark_unstable(ax, xs: list[float], ys: list[float], pts: list[dict[str, Any]],
-                   color: str) -> bool:  # fmt: skip
+def _mark_unstable(ax, xs: list[float], ys: list[float], pts: list[dict[str, Any]]) -> bool:
     """Points that never settled within the stability band: an orange cross on the point."""
     bad = [(x, y) for x, y, m in zip(xs, ys, pts, strict=True) if not m.get("stable", True)]
     if bad:
@@ -88,7 +87,7 @@ def throughput_vs_latency(configs: list[dict[str, Any]], winner: str, default: s
                             capsize=2, zorder=z)  # fmt: skip
                 ax.annotate(name, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4),
                             color=color, fontsize=8)  # fmt: skip
-                unstable |= _mark_unstable(ax, xs, ys, pts, color)
+                unstable |= _mark_unstable(ax, xs, ys, pts)
         if unstable:
             _unstable_note(ax)
         front = pareto_front(everything)
@@ -131,7 +130,7 @@ def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
             color = WINNER if i == 0 else DEFAULT
             ax.errorbar(xs, ys, yerr=_errors(pts), fmt="-o", color=color, ms=3, lw=2,
                         elinewidth=1, capsize=2)  # fmt: skip
-            unstable |= _mark_unstable(ax, xs, ys, pts, color)
+            unstable |= _mark_unstable(ax, xs, ys, pts)
             ax.annotate(config["name"], (xs[-1], ys[-1]), textcoords="offset points",
                         xytext=(4, 4), color=color, fontsize=8)  # fmt: skip
         ax.set_xscale("log", base=2)
