@@ -456,7 +456,11 @@ class Profiler:
         launcher = self._ensure_launcher()
         if not launcher.alive():
             self.listener("worker_start", {})
+            urls = (launcher.http_url, launcher.grpc_url)
             launcher.start()
+            if urls != (launcher.http_url, launcher.grpc_url) and self.client is not None:
+                self.client.close()  # a port was lost and re-chosen: reconnect at the new URL
+                self.client, self.payload_key = None, None
             self.outcome.worker_starts += 1
             self.loaded = None
             self._start_samplers()

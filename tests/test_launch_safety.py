@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import threading
 import time
@@ -21,6 +22,7 @@ import tritonclient.http as httpclient
 from serving import EXAMPLES
 from tritonclient.utils import InferenceServerException
 
+from analyzer.launch.base import LaunchError
 from analyzer.launch.local import LocalLauncher
 from analyzer.worker.restrict import KEY_HEADER
 
@@ -214,3 +216,26 @@ def test_stubs_of_a_worker_killed_outright_are_killed_on_restart_and_stop(launch
     assert new_group != pgid
     worker.stop()
     assert not _empty_group(new_group)
+
+
+def test_a_port_taken_between_choice_and_bind_is_chosen_again(launcher):
+    worker = launcher()
+    with socket.socket() as thief:  # another process binds the chosen port first
+        thief.bind(("127.0.0.1", worker.ports["http"]))
+        thief.listen()
+        taken = worker.ports["http"]
+        worker.start()
+        port = worker.ports["http"]
+        assert port != taken and worker.http_url.endswith(f":{port}")
+        assert worker.starts == 2 and worker.alive()
+        with httpclient.InferenceServerClient(worker.http_url) as client:
+            assert client.is_server_ready()
+
+
+def test_a_worker_that_cannot_start_says_why_on_the_first_line(launcher, tmp_path):
+    worker = launcher(tmp_path / "no-such-repository")
+    with pytest.raises(LaunchError) as failed:
+        worker.start()
+    first = str(failed.value).splitlines()[0]
+    assert "exited at start (exit code" in first and "no-such-repository" in first, first
+    assert str(tmp_path / "logs" / "worker.log") in first

@@ -1,6 +1,8 @@
 """Local launch: `model-analyzer serve` as a child process, in explicit model-control mode.
 
-Ports are chosen once and kept across restarts, so load-generator connections simply reconnect.
+Ports are chosen once and kept across restarts, so load-generator connections simply reconnect;
+only a start that lost a chosen port to another process (the gap between choosing and binding)
+takes fresh ones and tries again, so `ports` may change at a start and callers re-read the URLs.
 The worker's output goes to a log file (0600); readiness is its ready line there. The worker dies
 with the analyzer: it is stopped on exit and Ctrl-C, and the kernel sends it SIGTERM if the
 analyzer is killed outright (PR_SET_PDEATHSIG), so no orphan keeps a port or a GPU. The worker
@@ -22,6 +24,8 @@ from pathlib import Path
 from analyzer.launch.base import Launcher, LaunchError, new_repository_key, open_log
 
 _PR_SET_PDEATHSIG = 1
+PORT_TAKEN = "address already in use"  # the worker's words when a chosen port was taken
+PORT_ATTEMPTS = 3
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -54,14 +58,18 @@ class LocalLauncher(Launcher):
         self.startup_timeout_s = startup_timeout_s
         self.cpus = cpus  # taskset CPU list for the worker ("" = inherit)
         self.gpus = [g for g in (gpus or []) if g != "all"]  # the worker sees only these
-        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
-        self.http_url = f"127.0.0.1:{self.ports['http']}"
-        self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
-        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+        self._choose_ports()
         self.stop_timeout_s = stop_timeout_s  # after SIGTERM, then SIGKILL to the group
         self.repository_key, self._key_env = new_repository_key()
         self.process: subprocess.Popen | None = None
         self.starts = 0
+        self._exit = ""
+
+    def _choose_ports(self) -> None:
+        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+        self.http_url = f"127.0.0.1:{self.ports['http']}"
+        self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
+        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
 
     def command(self) -> list[str]:
         cmd = [
@@ -78,6 +86,16 @@ class LocalLauncher(Launcher):
         return ["taskset", "-c", self.cpus, *cmd] if self.cpus else cmd
 
     def start(self) -> None:
+        for attempt in range(PORT_ATTEMPTS):
+            output = self._start_once()
+            if output is None:
+                return
+            if PORT_TAKEN not in output or attempt == PORT_ATTEMPTS - 1:
+                raise LaunchError(self._start_failure(output))
+            self._choose_ports()  # another process took a port between choice and bind
+
+    def _start_once(self) -> str | None:
+        """None when the worker is ready; its output since this start when it exited."""
         self.stop()  # a worker that died since: its group may still hold stubs
         with open_log(self.log_path) as log:
             log.write(f"--- start {self.starts + 1}: {' '.join(self.command())}\n".encode())
@@ -98,11 +116,11 @@ class LocalLauncher(Launcher):
         while True:
             text = self.log_path.read_bytes()[offset:].decode(errors="replace")
             if "model-analyzer serve ready:" in text:
-                return
+                return None
             if self.process.poll() is not None:
-                words = self.last_words()
+                self._exit = self.exit_status()
                 self.stop()
-                raise LaunchError(f"the worker exited at start:\n{words}")
+                return self.log_path.read_bytes()[offset:].decode(errors="replace")
             if time.monotonic() > deadline:
                 self.stop()
                 raise LaunchError(
@@ -110,6 +128,14 @@ class LocalLauncher(Launcher):
                     f"(log: {self.log_path})"
                 )
             time.sleep(0.05)
+
+    def _start_failure(self, output: str) -> str:
+        """One line that says why (the worker's last line), then its last lines for detail."""
+        lines = [line for line in output.strip().splitlines() if line.strip()]
+        reason = lines[-1].strip() if lines else "it printed nothing"
+        detail = "\n".join(lines[-20:])
+        return (f"the worker exited at start ({self._exit}): {reason} (log: {self.log_path})"
+                + (f"\n{detail}" if len(lines) > 1 else ""))
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._key_env}
