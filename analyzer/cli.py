@@ -326,7 +326,8 @@ def report(
 ) -> None:
     """Rebuild the summary and detailed reports from a profile run's stored results (merged first
     with the points other processes added to the run's shared Optuna study, if it used one)."""
-    from analyzer.report.html import ReportError, load_results, render_reports
+    from analyzer.errors import AnalyzerError
+    from analyzer.report.html import load_results, render_reports
     from analyzer.results.shared import refresh_from_studies
 
     if report_format not in ("html", "pdf"):
@@ -337,7 +338,7 @@ def report(
         for note in refresh_from_studies(export, load_results(export), storage):
             typer.echo(f"note: {note}")
         written = render_reports(export, ("html", report_format))
-    except ReportError as exc:
+    except AnalyzerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     for path in written:

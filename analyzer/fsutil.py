@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from analyzer.errors import AnalyzerError
+
 MARKER = ".model-analyzer-output"
 LOCK = ".model-analyzer.lock"
 MARKER_TEXT = (
@@ -24,7 +26,7 @@ MARKER_TEXT = (
 )
 
 
-class FolderError(ValueError):
+class FolderError(AnalyzerError):
     """A folder cannot be used as asked; the message names it and says what to do."""
 
 

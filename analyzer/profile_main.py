@@ -12,19 +12,15 @@ from typing import Any, TextIO
 
 from analyzer.config.profile_config import (
     STORAGE_VARIABLE,
-    ProfileConfigError,
     argument_parser,
     load_profile_config,
 )
-from analyzer.fsutil import FolderError
-from analyzer.launch.base import LaunchSetupError
+from analyzer.errors import AnalyzerError
 from analyzer.profiler import Profiler
 from analyzer.report.console import ProgressDisplay, print_summary
 from analyzer.report.exports import write_csvs, write_results
 from analyzer.report.html import render_reports
-from analyzer.repository.repository import RepositoryError
 from analyzer.search.ledger import scrub, url_secrets
-from analyzer.search.space import SearchSpaceError
 from analyzer.terminal import make_console
 
 
@@ -82,7 +78,7 @@ def profile_command(argv: list[str]) -> int:
     err = make_console(stderr=True)
     try:
         config = load_profile_config(argv)
-    except ProfileConfigError as exc:
+    except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     os.environ.pop(STORAGE_VARIABLE, None)  # read: the worker and the models need not see it
@@ -102,8 +98,7 @@ def _profile(config) -> int:
     try:
         with ProgressDisplay(console) as display:
             outcome = Profiler(config, display).run()
-    except (ProfileConfigError, FolderError, RepositoryError, SearchSpaceError,
-            LaunchSetupError) as exc:  # fmt: skip
+    except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
@@ -116,7 +111,7 @@ def _profile(config) -> int:
     results = config.export / "results"
     try:
         paths = write_csvs(outcome, results)
-    except ValueError as exc:
+    except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     paths = {"Results": write_results(outcome, results), **paths}

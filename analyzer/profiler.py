@@ -12,7 +12,6 @@ and measures only what is missing (no worker is even started when nothing is).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -22,12 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.config.model_config import ModelConfig, format_model_config, parse_model_config
-from analyzer.config.profile_config import (
-    METRIC_DIRECTIONS,
-    ModelSpec,
-    ProfileConfig,
-    ProfileConfigError,
-)
+from analyzer.config.profile_config import ModelSpec, ProfileConfig, ProfileConfigError
 from analyzer.final_comparison import calibrate_default, run_final_comparison
 from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
 from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
@@ -44,7 +38,13 @@ from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
 from analyzer.monitor.metrics_gpu import MetricsGpuSampler
-from analyzer.repository.repository import ModelSource, RepositoryError, list_models, read_model
+from analyzer.repository.repository import (
+    ModelSource,
+    RepositoryError,
+    files_digest,
+    list_models,
+    read_model,
+)
 from analyzer.repository.variants import (
     VariantError,
     default_variant,
@@ -55,9 +55,10 @@ from analyzer.repository.variants import (
 from analyzer.results.checkpoint import Checkpoint, config_key, point_key
 from analyzer.results.finals import Calibration, Comparison
 from analyzer.results.measurement import Measurement, from_point
+from analyzer.results.metrics import DIRECTIONS, MEMORY_TAGS
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
-from analyzer.search.base import Outcome, SearchStrategy, Trial
-from analyzer.search.brute import BruteSearch, SearchLimits
+from analyzer.search.base import Outcome, SearchLimits, SearchStrategy, Trial
+from analyzer.search.brute import BruteSearch
 from analyzer.search.ledger import owner_id, redact_url, unmerged
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
@@ -96,7 +97,6 @@ class ProfileOutcome:
     placement: dict[str, str] = field(default_factory=dict)  # worker's and client's CPU sets
 
 
-MEMORY_TAGS = {"gpu_used_memory", "gpu_free_memory", "cpu_used_ram", "cpu_available_ram"}
 
 Listener = Callable[[str, dict[str, Any]], None]  # (event, data) for progress displays
 
@@ -119,9 +119,9 @@ class Profiler:
     def _check_modes(self) -> None:
         c = self.config
         for tag in c.optuna_objectives or []:
-            if tag not in METRIC_DIRECTIONS:
+            if tag not in DIRECTIONS:
                 raise ProfileConfigError(
-                    f"optuna_objectives has '{tag}'; known: {', '.join(METRIC_DIRECTIONS)}"
+                    f"optuna_objectives has '{tag}'; known: {', '.join(DIRECTIONS)}"
                 )
 
     def _check_folders(self) -> None:
@@ -274,7 +274,7 @@ class Profiler:
             model.error = f"model '{spec.name}': {err}"
             self.listener("model_failed", {"model": spec.name, "error": model.error})
             return
-        fingerprint = [spec.name, _files_digest(source.path), options.protocol,
+        fingerprint = [spec.name, files_digest(source.path), options.protocol,
                        options.input_data, options.distribution, sorted(options.shapes.items()),
                        options.string_length, settings.mode, settings.window_ms,
                        settings.request_count, settings.stability_pct, settings.max_trials,
@@ -311,7 +311,7 @@ class Profiler:
                 variants[trial.params_json] = self._new_variant(model, source, trial, cpu_only)
             result = variants[trial.params_json]
             if result is None:  # a combination that cannot work
-                search.tell(trial, Outcome(ok=False, extra={"error": "cannot be built"}))
+                search.tell(trial, Outcome(ok=False, error="cannot be built"))
                 continue
             if current is not None and current is not result:
                 self._unload()
@@ -319,7 +319,7 @@ class Profiler:
             ckey = config_key(result.config_text, fingerprint_text)
             if ckey in checkpoint.failures:
                 result.error = checkpoint.failures[ckey]
-                search.tell(trial, Outcome(ok=False, extra={"error": result.error}))
+                search.tell(trial, Outcome(ok=False, error=result.error))
                 continue
             pkey = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
                              fingerprint_text)  # fmt: skip
@@ -342,7 +342,7 @@ class Profiler:
                     checkpoint.record_failure(ckey, result.error)
                     self.listener("config_failed", {"result": result})
                     self._recover()
-                    search.tell(trial, Outcome(ok=False, extra={"error": result.error}))
+                    search.tell(trial, Outcome(ok=False, error=result.error))
                     continue
                 self.outcome.measured += 1
                 fresh = True
@@ -356,11 +356,10 @@ class Profiler:
                 throughput=measurement.metrics["perf_throughput"],
                 breaks_latency_limit=ranker.breaks_latency_limit(measurement),
                 satisfies_constraints=not violations,
-                extra={"score": ranker.score(measurement), "metrics": measurement.metrics,
-                       "constraints": ranker.constraint_values(measurement),
-                       "measurement": measurement.to_dict(),
-                       "config": {"description": result.description,
-                                  "config_text": result.config_text}},
+                score=ranker.score(measurement), metrics=measurement.metrics,
+                constraints=ranker.constraint_values(measurement),
+                measurement=measurement.to_dict(),
+                config={"description": result.description, "config_text": result.config_text},
             ))  # fmt: skip
             if fresh:
                 checkpoint.record_point(pkey, measurement)
@@ -413,7 +412,7 @@ class Profiler:
         model.study = {"storage": redact_url(storage), "study_name": settings.study_name}
         model.pareto = list(tags) if len(tags) > 1 else []
         directions = [
-            "maximize" if METRIC_DIRECTIONS[t] else "minimize" for t in tags
+            "maximize" if DIRECTIONS[t] else "minimize" for t in tags
         ] or ["maximize"]
         return OptunaSearch(space, limits, settings, c.num_configs_per_model, directions)
 
@@ -610,13 +609,3 @@ class Profiler:
             self.client = None
         if self.launcher is not None:
             self.launcher.stop()
-
-
-def _files_digest(folder: Path) -> str:
-    """Identity of a model's files (path, size, mtime): a changed model is measured afresh."""
-    entries = []
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.name != "config.pbtxt":
-            stat = path.stat()
-            entries.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
-    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]

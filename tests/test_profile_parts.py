@@ -273,7 +273,7 @@ def test_optuna_search_finds_the_best_region_and_resumes_its_study(tmp_path):
         while (trial := search.ask()) is not None:
             trials.append(trial)
             value = _synthetic(trial)
-            search.tell(trial, Outcome(ok=True, throughput=value, extra={"score": value}))
+            search.tell(trial, Outcome(ok=True, throughput=value, score=value))
         return trials
 
     brute = _walk(BruteSearch(load_search_space(), limits), _synthetic)
@@ -305,7 +305,7 @@ def test_two_searches_sharing_a_study_never_measure_the_same_point(tmp_path):
                 study_points[i].append(trial)
             time.sleep(0.01)  # measuring
             value = _synthetic(trial)
-            search.tell(trial, Outcome(ok=True, throughput=value, extra={"score": value}))
+            search.tell(trial, Outcome(ok=True, throughput=value, score=value))
         search.close()
 
     threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]

@@ -15,6 +15,8 @@ from typing import Any
 from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from analyzer.errors import AnalyzerError
+
 ModelConfig = model_config_pb2.ModelConfig
 
 _INT64_TYPES = {
@@ -26,7 +28,7 @@ _INT64_TYPES = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(AnalyzerError):
     """A config the user wrote is invalid; the message names the file, line and field."""
 
 

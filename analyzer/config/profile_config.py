@@ -17,10 +17,12 @@ from typing import Any
 
 import yaml
 
+from analyzer.errors import AnalyzerError
 from analyzer.launch.cpus import CpuListError, parse_cpu_list
+from analyzer.results.metrics import DIRECTIONS
 
 
-class ProfileConfigError(ValueError):
+class ProfileConfigError(AnalyzerError):
     """A profile setting is unknown or has a bad value; the message names it."""
 
 
@@ -195,28 +197,6 @@ _MODEL_KEYS = {
 }  # fmt: skip
 _PARAMETER_KEYS = {"batch_sizes", "concurrency", "request_rate"}
 
-# objective/constraint tags -> True when larger is better
-METRIC_DIRECTIONS: dict[str, bool] = {
-    "perf_throughput": True,
-    "perf_latency_avg": False,
-    "perf_latency_p50": False,
-    "perf_latency_p90": False,
-    "perf_latency_p95": False,
-    "perf_latency_p99": False,
-    "perf_latency": False,
-    "perf_server_queue": False,
-    "perf_server_compute_input": False,
-    "perf_server_compute_infer": False,
-    "perf_server_compute_output": False,
-    "perf_client_send_recv": False,
-    "perf_client_response_wait": False,
-    "gpu_used_memory": False,
-    "gpu_free_memory": True,
-    "gpu_utilization": True,
-    "gpu_power_usage": False,
-    "cpu_used_ram": False,
-    "cpu_available_ram": True,
-}
 
 # perf_analyzer flag names accepted in perf_analyzer_flags -> what they set
 PERF_FLAGS = {
@@ -429,9 +409,9 @@ def _objectives(value: Any, where: str) -> dict[str, float]:
         raise ProfileConfigError(f"{where}: 'objectives' is {value!r}; expected tag: weight pairs")
     out = {}
     for tag, weight in value.items():
-        if tag not in METRIC_DIRECTIONS:
+        if tag not in DIRECTIONS:
             raise ProfileConfigError(
-                f"{where}: objective '{tag}' is unknown; known: {', '.join(METRIC_DIRECTIONS)}"
+                f"{where}: objective '{tag}' is unknown; known: {', '.join(DIRECTIONS)}"
             )
         if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
             raise ProfileConfigError(
@@ -448,9 +428,9 @@ def _constraints(value: Any, where: str) -> dict[str, dict[str, float]]:
         raise ProfileConfigError(f"{where}: 'constraints' is {value!r}; expected a mapping")
     out: dict[str, dict[str, float]] = {}
     for tag, bounds in value.items():
-        if tag not in METRIC_DIRECTIONS:
+        if tag not in DIRECTIONS:
             raise ProfileConfigError(
-                f"{where}: constraint '{tag}' is unknown; known: {', '.join(METRIC_DIRECTIONS)}"
+                f"{where}: constraint '{tag}' is unknown; known: {', '.join(DIRECTIONS)}"
             )
         if not isinstance(bounds, dict) or not bounds or set(bounds) - {"min", "max"}:
             raise ProfileConfigError(

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import IO
 
+from analyzer.errors import AnalyzerError
 from analyzer.worker.restrict import KEY_HEADER, REPOSITORY_KEY_ENV
 
 
@@ -28,7 +29,7 @@ class LaunchError(RuntimeError):
     """The worker could not be started or reached; the message carries its last words."""
 
 
-class LaunchSetupError(LaunchError):
+class LaunchSetupError(LaunchError, AnalyzerError):
     """No worker can run at all here (no Docker daemon, no image, no server at the endpoint, a
     bad launch setting): the run ends with this one message instead of failing every config."""
 

@@ -18,10 +18,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from analyzer.errors import AnalyzerError
+
 _ITEM = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 
 
-class CpuListError(ValueError):
+class CpuListError(AnalyzerError):
     """A CPU list that is malformed or names CPUs this process may not use."""
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from analyzer.datatypes import wire_to_numpy
+from analyzer.errors import AnalyzerError
 
 
-class InputError(ValueError):
+class InputError(AnalyzerError):
     """Input description that cannot make a request (bad --shape, --input-data, -b)."""
 
 

@@ -101,7 +101,7 @@ def perf_command(
         flags["concurrency_range"] = "1"
     try:
         options = build_options(**flags)
-    except ValueError as exc:  # InputError is a ValueError too
+    except ValueError as exc:  # AnalyzerError (InputError) and the flag parsers' ValueError
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     console.print(

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from analyzer.errors import AnalyzerError
 from analyzer.fsutil import atomic_write_text
 from analyzer.report.console import top_across_models
 from analyzer.report.machine import machine_info
 from analyzer.results.measurement import Measurement
+from analyzer.results.metrics import METRICS
 from analyzer.results.ranking import ConfigResult, Ranker
 from analyzer.search.ledger import redact_url
 
@@ -47,38 +49,14 @@ COLUMNS: dict[str, tuple[str, Getter]] = {
     "max_batch_size": ("Max Batch Size", lambda r, m, k: r.description["max_batch_size"]),
     "satisfies_constraints": (
         "Satisfies Constraints", lambda r, m, k: "No" if k.violations(m) else "Yes"),
-    "perf_throughput": ("Throughput (infer/sec)", _metric("perf_throughput", 1)),
-    "perf_latency_p99": ("p99 Latency (ms)", _metric("perf_latency_p99")),
-    "perf_latency_p95": ("p95 Latency (ms)", _metric("perf_latency_p95")),
-    "perf_latency_p90": ("p90 Latency (ms)", _metric("perf_latency_p90")),
-    "perf_latency_p50": ("p50 Latency (ms)", _metric("perf_latency_p50")),
-    "perf_latency_avg": ("Avg Latency (ms)", _metric("perf_latency_avg")),
-    "perf_server_queue": ("Server Queue time (ms)", _metric("perf_server_queue")),
-    "perf_server_compute_input": (
-        "Server Compute Input time (ms)", _metric("perf_server_compute_input")),
-    "perf_server_compute_infer": (
-        "Server Compute Infer time (ms)", _metric("perf_server_compute_infer")),
-    "perf_server_compute_output": (
-        "Server Compute Output time (ms)", _metric("perf_server_compute_output")),
-    "perf_client_send_recv": ("Client Send/Recv (ms)", _metric("perf_client_send_recv")),
-    "perf_client_response_wait": ("Response Wait Time (ms)", _metric("perf_client_response_wait")),
-    "cpu_used_ram": ("RAM Usage (MB)", _metric("cpu_used_ram", 1)),
-    "gpu_used_memory": ("GPU Memory Usage (MB)", _metric("gpu_used_memory", 1)),
-    "gpu_utilization": ("GPU Utilization (%)", _metric("gpu_utilization", 1)),
-    "gpu_power_usage": ("GPU Power Usage (W)", _metric("gpu_power_usage", 1)),
     # ours, after MA's
     "max_queue_delay_microseconds": (
         "Max Queue Delay (us)", lambda r, m, k: _or_blank(r.description["max_queue_delay_us"])),
-    "server_avg_batch": ("Server Avg Batch", _metric("server_avg_batch", 2)),
-    "cpu_utilization": ("Server CPU Utilization (%)", _metric("cpu_utilization", 1)),
     "stable": ("Stable", lambda r, m, k: "Yes" if m.stable else "No"),
-    "perf_throughput_ci_pct": ("Throughput 95% CI (+/- %)", _metric("perf_throughput_ci_pct", 1)),
     "client_saturated": ("Client Saturated", lambda r, m, k: "Yes" if m.client_saturated else "No"),
-    "effective_concurrency": ("Effective Concurrency", _metric("effective_concurrency", 2)),
-    "client_cpu_pct": ("Client CPU (%)", _metric("client_cpu_pct", 1)),
-    "client_cpu_wait_pct": ("Client CPU Wait (%)", _metric("client_cpu_wait_pct", 1)),
     "client_bound": ("Client Bound", lambda r, m, k: "Yes" if m.client_bound else "No"),
 }  # fmt: skip
+COLUMNS.update({m.tag: (m.header, _metric(m.tag, m.digits)) for m in METRICS if m.header})
 
 DEFAULT_INFERENCE_FIELDS = [
     "model_name", "batch_size", "concurrency", "model_config_path", "instance_group",
@@ -93,8 +71,8 @@ GPU_HEADERS = {
     "model_name": "Model", "gpu_uuid": "GPU UUID", "batch_size": "Batch",
     "concurrency": "Concurrency", "request_rate": "Request Rate",
     "model_config_path": "Model Config Path", "instance_group": "Instance Group",
-    "satisfies_constraints": "Satisfies Constraints", "gpu_used_memory": "GPU Memory Usage (MB)",
-    "gpu_utilization": "GPU Utilization (%)", "gpu_power_usage": "GPU Power Usage (W)",
+    "satisfies_constraints": "Satisfies Constraints",
+    **{m.tag: m.header for m in METRICS if m.gpu_table},
 }  # fmt: skip
 DEFAULT_GPU_FIELDS = [
     "model_name", "gpu_uuid", "batch_size", "concurrency", "model_config_path", "instance_group",
@@ -112,7 +90,8 @@ def _or_blank(value: Any) -> Any:
 def _check_fields(fields: list[str], known: set[str], key: str) -> None:
     for tag in fields:
         if tag not in known:
-            raise ValueError(f"{key} has '{tag}', which is not a column; known: {sorted(known)}")
+            raise AnalyzerError(
+                f"{key} has '{tag}', which is not a column; known: {sorted(known)}")
 
 
 def _rate_mode(fields: list[str], models) -> list[str]:

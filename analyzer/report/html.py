@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+from analyzer.errors import AnalyzerError
 from analyzer.fsutil import atomic_write_bytes, atomic_write_text
 from analyzer.report import plots
 from analyzer.report.console import how_sure
@@ -25,7 +26,7 @@ from analyzer.results.finals import Comparison
 TEMPLATES = Path(str(files("analyzer") / "templates"))
 
 
-class ReportError(ValueError):
+class ReportError(AnalyzerError):
     """The results file is missing or unreadable; the message names it."""
 
 

@@ -7,10 +7,13 @@ names the file and the field.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from analyzer.config.model_config import ConfigError, ModelConfig, load_model_config
+from analyzer.errors import AnalyzerError
 
 CONFIG_FILE = "config.pbtxt"
 
@@ -26,7 +29,7 @@ PATH_PARAMETERS = ("EXECUTION_ENV_PATH",)
 MODEL_DIR_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
 
 
-class RepositoryError(ValueError):
+class RepositoryError(AnalyzerError):
     """The repository, a model folder or a config is unusable; the message says which and why."""
 
 
@@ -189,3 +192,13 @@ def select_versions(config: ModelConfig, versions: list[int], source: str) -> li
     if count < 1:
         raise RepositoryError(f"{source}: version_policy.latest.num_versions must be >= 1")
     return versions[-count:]
+
+
+def files_digest(folder: Path) -> str:
+    """Identity of a model's files (path, size, mtime): a changed model is measured afresh."""
+    entries = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.name != "config.pbtxt":
+            stat = path.stat()
+            entries.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]

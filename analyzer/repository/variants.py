@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from analyzer.config.model_config import ModelConfig, write_model_config
+from analyzer.errors import AnalyzerError
 from analyzer.repository.repository import CONFIG_FILE
 
 KIND_CPU = 2  # ModelInstanceGroup.Kind values in Triton's schema
@@ -24,7 +25,7 @@ KIND_GPU = 1
 KIND_AUTO = 0
 
 
-class VariantError(ValueError):
+class VariantError(AnalyzerError):
     """This combination cannot work for the model; the message says why (the search skips it)."""
 
 

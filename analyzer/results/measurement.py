@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from analyzer.loadgen.measure import PerfPoint
+from analyzer.results.metrics import point_metrics
 
 
 @dataclass
@@ -46,40 +47,10 @@ class Measurement:
 def from_point(
     point: PerfPoint, model: str, config_name: str, load: str, value: int, taken_at: float
 ) -> Measurement:
-    ms = 1000.0
-    metrics: dict[str, float] = {
-        "perf_throughput": point.throughput,
-        "perf_latency_avg": point.latency_avg_us / ms,
-        "perf_latency_p50": point.p50_us / ms,
-        "perf_latency_p90": point.p90_us / ms,
-        "perf_latency_p95": point.p95_us / ms,
-        "perf_latency_p99": point.p99_us / ms,
-        "perf_client_send_recv": (point.client_send_us + point.client_recv_us) / ms,
-        "perf_client_response_wait": point.network_us / ms,
-        "achieved_request_rate": point.sent_rate,
-        "client_cpu_pct": point.client_cpu_pct,
-        "client_cpu_wait_pct": point.client_wait_pct,
-        "effective_concurrency": point.effective_concurrency,
-    }
-    if point.ci_throughput_pct is not None:  # window-to-window variation: 95% CI half-width, %
-        metrics["perf_throughput_ci_pct"] = point.ci_throughput_pct
-    if point.server is not None:
-        s = point.server
-        metrics.update(
-            perf_server_queue=s.queue_us / ms,
-            perf_server_compute_input=s.compute_input_us / ms,
-            perf_server_compute_infer=s.compute_infer_us / ms,
-            perf_server_compute_output=s.compute_output_us / ms,
-            server_avg_batch=s.avg_batch,
-        )
+    metrics = point_metrics(point)
     gpus: list[dict[str, Any]] = []
     gpu = point.monitors.get("gpu")
     if gpu is not None and gpu.available and gpu.gpus:
-        metrics.update(
-            gpu_used_memory=gpu.memory_used_mb,
-            gpu_utilization=gpu.utilization_pct,
-            gpu_power_usage=gpu.power_w,
-        )
         gpus = [
             {"uuid": g.uuid, "name": g.name, "gpu_used_memory": g.memory_used_max_mb,
              "gpu_total_memory": g.memory_total_mb, "gpu_utilization": g.utilization_pct,
@@ -89,9 +60,6 @@ def from_point(
         metrics["gpu_free_memory"] = sum(
             g["gpu_total_memory"] - g["gpu_used_memory"] for g in gpus
         )
-    cpu = point.monitors.get("cpu")
-    if cpu is not None and cpu.available and cpu.samples:
-        metrics.update(cpu_used_ram=cpu.rss_max_mb, cpu_utilization=cpu.cpu_pct)
     return Measurement(
         model=model,
         config_name=config_name,

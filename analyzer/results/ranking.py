@@ -20,17 +20,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer.config.profile_config import METRIC_DIRECTIONS
 from analyzer.results.finals import Comparison, FinalResult
 from analyzer.results.measurement import Measurement
-
-UNITS = {"perf_throughput": "infer/s", "gpu_used_memory": "MB", "gpu_free_memory": "MB",
-         "gpu_utilization": "%", "gpu_power_usage": "W", "cpu_used_ram": "MB",
-         "cpu_available_ram": "MB"}  # fmt: skip
-
-
-def unit(tag: str) -> str:
-    return UNITS.get(tag, "ms")
+from analyzer.results.metrics import DIRECTIONS, unit
 
 
 @dataclass
@@ -102,7 +94,7 @@ class Ranker:
             value = m.metric(tag)
             if value is None:
                 continue
-            sign = 1.0 if METRIC_DIRECTIONS.get(tag, True) else -1.0
+            sign = 1.0 if DIRECTIONS.get(tag, True) else -1.0
             total += weight * sign * math.log(max(value, 1e-9))
         return total
 
@@ -142,7 +134,7 @@ class Ranker:
         if not tags:
             return set()
         feasible = [m for _, m in points if not self.violations(m)] or [m for _, m in points]
-        signs = [1.0 if METRIC_DIRECTIONS.get(t, True) else -1.0 for t in tags]
+        signs = [1.0 if DIRECTIONS.get(t, True) else -1.0 for t in tags]
         vectors = {id(m): [s * (m.metric(t) or 0.0) for s, t in zip(signs, tags, strict=True)]
                    for m in feasible if all(m.metric(t) is not None for t in tags)}  # fmt: skip
 

@@ -35,16 +35,48 @@ class Trial:
 
 
 @dataclass
+class SearchLimits:
+    """The caps and fixed values of one model's search (from the profile settings)."""
+
+    model_max_batch_size: int  # the model's own max_batch_size; 0 = no batching
+    min_model_batch_size: int = 1
+    max_model_batch_size: int = 128
+    min_instance_count: int = 1
+    max_instance_count: int = 5
+    min_concurrency: int = 1
+    max_concurrency: int = 1024
+    min_request_rate: int = 16
+    max_request_rate: int = 8192
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    concurrency: list[int] = field(default_factory=list)  # fixed values: no sweep
+    request_rate: list[int] = field(default_factory=list)
+    request_rate_search: bool = False
+    search_disable: bool = False
+    early_exit: bool = False
+    manual: dict[str, Any] = field(default_factory=dict)  # model_config_parameters
+
+
+@dataclass
 class Outcome:
     """What the measurement of a Trial told: `ok` False when the variant failed to load or serve
     (the strategy moves on to another variant); throughput in infer/s; whether the point broke a
-    latency limit (sweeps may stop there)."""
+    latency limit (sweeps may stop there). The profiler adds its objective score, the point's
+    metrics and constraint values, and the stored point and config a shared study keeps."""
 
     ok: bool
     throughput: float = 0.0
     breaks_latency_limit: bool = False
     satisfies_constraints: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    score: float | None = None  # the objectives' weighted score; None: throughput decides
+    metrics: dict[str, float] = field(default_factory=dict)
+    constraints: dict[str, float] = field(default_factory=dict)  # optuna's constraint values
+    measurement: dict[str, Any] | None = None  # the point as stored (shared studies)
+    config: dict[str, Any] | None = None  # the variant's description and config text
+    error: str = ""  # why a failed point failed
+
+    @property
+    def objective(self) -> float:
+        return self.throughput if self.score is None else self.score
 
 
 class SearchStrategy(ABC):

@@ -12,33 +12,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer.search.base import Trial, WalkStrategy
+from analyzer.search.base import SearchLimits, Trial, WalkStrategy
 from analyzer.search.space import SearchSpace, Sweep
-
-
-@dataclass
-class SearchLimits:
-    """The caps and fixed values of one model's search (from the profile settings)."""
-
-    model_max_batch_size: int  # the model's own max_batch_size; 0 = no batching
-    min_model_batch_size: int = 1
-    max_model_batch_size: int = 128
-    min_instance_count: int = 1
-    max_instance_count: int = 5
-    min_concurrency: int = 1
-    max_concurrency: int = 1024
-    min_request_rate: int = 16
-    max_request_rate: int = 8192
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
-    concurrency: list[int] = field(default_factory=list)  # fixed values: no sweep
-    request_rate: list[int] = field(default_factory=list)
-    request_rate_search: bool = False
-    search_disable: bool = False
-    early_exit: bool = False
-    manual: dict[str, Any] = field(default_factory=dict)  # model_config_parameters
 
 
 def expand_manual(value: Any) -> list[Any]:

@@ -33,7 +33,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import make_url
 
-from analyzer.config.profile_config import ProfileConfigError
+from analyzer.errors import AnalyzerError
 from analyzer.results.measurement import Measurement
 from analyzer.search.base import Outcome, Trial
 
@@ -47,7 +47,7 @@ warnings.filterwarnings("ignore", category=ExperimentalWarning)
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
-class StudyStorageError(ProfileConfigError):
+class StudyStorageError(AnalyzerError):
     """The study storage cannot be opened; the message names the URL."""
 
 
@@ -269,15 +269,15 @@ class Ledger:
                     "throughput": outcome.throughput,
                     "breaks_latency_limit": outcome.breaks_latency_limit,
                     "satisfies_constraints": outcome.satisfies_constraints,
-                    "score": outcome.extra.get("score", outcome.throughput),
-                    "constraints": outcome.extra.get("constraints", {}),
+                    "score": outcome.objective,
+                    "constraints": outcome.constraints,
                 })  # fmt: skip
-                if "measurement" in outcome.extra:  # (a search driven without a profiler has none)
-                    ours.set_user_attr("measurement", outcome.extra["measurement"])
+                if outcome.measurement is not None:  # (a search without a profiler has none)
+                    ours.set_user_attr("measurement", outcome.measurement)
                     ours.set_user_attr("config", config or {})
                 self.study.tell(ours, outcome.throughput)
             else:
-                ours.set_user_attr("error", str(outcome.extra.get("error") or "failed"))
+                ours.set_user_attr("error", outcome.error or "failed")
                 self.study.tell(ours, state=TrialState.FAIL)
         finally:
             self._unbeat(ours._trial_id)
@@ -324,15 +324,14 @@ class Ledger:
 def outcome_of(frozen: FrozenTrial) -> Outcome:
     """The Outcome a search is told for a point another process (or an earlier run) finished."""
     if frozen.state != TrialState.COMPLETE:
-        return Outcome(ok=False, extra={"error": frozen.user_attrs.get("error", "failed")})
+        return Outcome(ok=False, error=str(frozen.user_attrs.get("error", "failed")))
     o = frozen.user_attrs["outcome"]
     m = frozen.user_attrs.get("measurement")
-    extra = {"score": o["score"], "constraints": o["constraints"]}
-    if m is not None:
-        extra |= {"metrics": m["metrics"], "measurement": m}
     return Outcome(ok=True, throughput=o["throughput"],
                    breaks_latency_limit=o["breaks_latency_limit"],
-                   satisfies_constraints=o["satisfies_constraints"], extra=extra)
+                   satisfies_constraints=o["satisfies_constraints"], score=o["score"],
+                   constraints=o["constraints"], metrics=m["metrics"] if m else {},
+                   measurement=m)  # fmt: skip
 
 
 def read_points(study: optuna.Study) -> list[SharedPoint]:

@@ -22,8 +22,7 @@ from typing import Any
 
 import optuna
 
-from analyzer.search.base import Outcome, Trial
-from analyzer.search.brute import SearchLimits
+from analyzer.search.base import Outcome, SearchLimits, Trial
 from analyzer.search.ledger import (
     Claim,
     Ledger,
@@ -146,9 +145,8 @@ class OptunaSearch(QuickSearch):
 
     def _values(self, outcome: Outcome) -> list[float]:
         if not self.settings.objectives:
-            return [outcome.extra.get("score", outcome.throughput)]
-        metrics = outcome.extra.get("metrics", {})
-        return [float(metrics.get(tag, 0.0)) for tag in self.settings.objectives]
+            return [outcome.objective]
+        return [float(outcome.metrics.get(tag, 0.0)) for tag in self.settings.objectives]
 
     def _completed(self) -> int:
         """Distinct points the study has finished: a trial that re-proposed a known point is told
@@ -183,7 +181,7 @@ class OptunaSearch(QuickSearch):
         super()._told(trial, outcome)
         claim = self._claims.pop(trial, None)
         if claim is not None:
-            self.ledger.finish(claim, outcome, outcome.extra.get("config"))
+            self.ledger.finish(claim, outcome, outcome.config)
 
     def close(self) -> None:
         """Give back a claim left unmeasured (the run was interrupted) and stop the heartbeats."""
@@ -235,9 +233,8 @@ class OptunaSearch(QuickSearch):
         if not outcome.ok:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return None
-        for name, value in outcome.extra.get("constraints", {}).items():
+        for name, value in outcome.constraints.items():
             trial.set_constraint(name, value)
         values = self._values(outcome)
         self.study.tell(trial, values if len(values) > 1 else values[0])
-        return outcome.extra.get("score", outcome.throughput) if outcome.satisfies_constraints \
-            else None
+        return outcome.objective if outcome.satisfies_constraints else None

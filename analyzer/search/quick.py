@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from analyzer.search.base import Outcome, Trial, WalkStrategy
-from analyzer.search.brute import SearchLimits
+from analyzer.search.base import Outcome, SearchLimits, Trial, WalkStrategy
 from analyzer.search.space import SearchSpace
 
 
@@ -148,5 +147,5 @@ class QuickSearch(WalkStrategy):
 def _score(outcome: Outcome) -> float:
     """The profiler's objective score when it sent one; throughput otherwise. A point that breaks
     a constraint ranks below every point that meets them."""
-    score = outcome.extra.get("score", outcome.throughput)
+    score = outcome.objective
     return score if outcome.satisfies_constraints else score - 1e6

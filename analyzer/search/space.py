@@ -13,13 +13,15 @@ from typing import Any
 
 import yaml
 
+from analyzer.errors import AnalyzerError
+
 # the repository's top-level search_spaces/, shipped in the wheel as the package's data (in the
 # source tree analyzer/search_spaces is a link to it), so an installed copy finds it too
 SPACES = Path(str(files("analyzer") / "search_spaces"))
 DEFAULT_SPACE = SPACES / "default.yaml"
 
 
-class SearchSpaceError(ValueError):
+class SearchSpaceError(AnalyzerError):
     """The search space file is unusable; the message names the file and key."""
 
 

@@ -15,6 +15,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from analyzer.errors import AnalyzerError
+
 # Triton's category names (server/src/restricted_features.h)
 CATEGORIES = (
     "health",
@@ -34,7 +36,7 @@ KEY_HEADER = "model-analyzer-key"
 _taken: dict[str, str] = {}  # the key once taken out of os.environ (HTTP and gRPC both need it)
 
 
-class RestrictionError(ValueError):
+class RestrictionError(AnalyzerError):
     """A restriction flag that does not parse; the message names the flag and the value."""
 
 
