@@ -328,7 +328,7 @@ def report(
     with the points other processes added to the run's shared Optuna study, if it used one)."""
     from analyzer.errors import AnalyzerError
     from analyzer.report.html import load_results, render_reports
-    from analyzer.results.shared import refresh_from_studies
+    from analyzer.report.refresh import refresh_from_studies
 
     if report_format not in ("html", "pdf"):
         typer.echo(f"error: --report-format is '{report_format}'; expected html or pdf", err=True)

@@ -33,11 +33,12 @@ from analyzer.results.finals import (
     summarize,
 )
 from analyzer.results.measurement import Measurement
+from analyzer.results.outcome import ModelOutcome
 from analyzer.results.ranking import ConfigResult, Ranker
-from analyzer.search.base import Trial
+from analyzer.search.base import SearchPoint
 
 if TYPE_CHECKING:
-    from analyzer.profiler import ModelOutcome, Profiler
+    from analyzer.profiler import Profiler
 
 
 def finalists(model: ModelOutcome, ranker: Ranker, count: int) -> list[ConfigResult]:
@@ -66,7 +67,7 @@ def round_options(options: PerfOptions) -> PerfOptions:
 
 
 def calibrate_default(
-    profiler: Profiler, result: ConfigResult, trial: Trial, options: PerfOptions,
+    profiler: Profiler, result: ConfigResult, trial: SearchPoint, options: PerfOptions,
     checkpoint: Checkpoint, fingerprint: str,
 ) -> Calibration | None:  # fmt: skip
     """The A/A run at the start: the default config, loaded for the search's first point, gets
@@ -79,9 +80,9 @@ def calibrate_default(
         measurement = checkpoint.points.get(key)
         if measurement is None:
             try:
-                measurement = profiler._measure(result, trial, round_options(options))
+                measurement = profiler.measure_point(result, trial, round_options(options))
             except (LaunchError, ServerError, MeasurementError, OSError):
-                profiler._recover()
+                profiler.recover()
                 return None  # the search goes on; the rounds fall back to DEFAULT_ROUNDS
             checkpoint.record_point(key, measurement, "calibration")
         windows.append(measurement)
@@ -114,9 +115,9 @@ def run_final_comparison(
     trials = {}
     for r in chosen:
         assert r.best is not None
-        trials[r.name] = Trial.make(r.params, r.best.load, r.best.value, r.best.batch_size)
+        trials[r.name] = SearchPoint.make(r.params, r.best.load, r.best.value, r.best.batch_size)
     per_round = round_options(options)
-    launcher = profiler._ensure_launcher()
+    launcher = profiler.ensure_launcher()
     together = not launcher.remote
     got: dict[str, list[Measurement]] = {name: [] for name in by_name}
     profiler.listener("final_start", {"model": spec.name, "comparison": comparison})
@@ -131,16 +132,16 @@ def run_final_comparison(
             measurement = checkpoint.points.get(key)
             if measurement is None:
                 if not together:
-                    profiler._unload()
+                    profiler.unload_variant()
                 elif loaded.get(name) == profiler.outcome.worker_starts:
                     profiler.loaded = profiler.loaded_as = name  # still loaded: no reload
                 try:
-                    measurement = profiler._measure(result, trial, per_round)
+                    measurement = profiler.measure_point(result, trial, per_round)
                 except LaunchSetupError:
                     raise
                 except (LaunchError, ServerError, MeasurementError, OSError) as err:
-                    comparison.dropped[name] = profiler._failure_text(err)
-                    profiler._recover()
+                    comparison.dropped[name] = profiler.failure_text(err)
+                    profiler.recover()
                     continue
                 loaded[profiler.loaded_as] = profiler.outcome.worker_starts
                 checkpoint.record_point(key, measurement, "final_round")
@@ -203,7 +204,7 @@ def _unload_all(profiler: Profiler, names: set[str]) -> None:
         profiler.client.quiesce(30)
     for name in names:
         if name == profiler.loaded_as and profiler.loaded is not None:
-            profiler._unload()
+            profiler.unload_variant()
             continue
         try:
             profiler.launcher.unload(name)

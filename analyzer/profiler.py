@@ -16,11 +16,10 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzer.config.model_config import ModelConfig, format_model_config, parse_model_config
+from analyzer.config.model_config import ModelConfig, format_model_config
 from analyzer.config.profile_config import ModelSpec, ProfileConfig, ProfileConfigError
 from analyzer.final_comparison import calibrate_default, run_final_comparison
 from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
@@ -53,52 +52,34 @@ from analyzer.repository.variants import (
     write_variant,
 )
 from analyzer.results.checkpoint import Checkpoint, config_key, point_key
-from analyzer.results.finals import Calibration, Comparison
 from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.metrics import DIRECTIONS, MEMORY_TAGS
+from analyzer.results.outcome import ModelOutcome, ProfileOutcome
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
-from analyzer.search.base import Outcome, SearchLimits, SearchStrategy, Trial
+from analyzer.search.base import Outcome, SearchLimits, SearchPoint, SearchStrategy
 from analyzer.search.brute import BruteSearch
-from analyzer.search.ledger import owner_id, redact_url, unmerged
+from analyzer.search.ledger import SharedPoint, owner_id, redact_url, unmerged
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import load_search_space
 from analyzer.worker.devices import gpu_count
 
-
-@dataclass
-class ModelOutcome:
-    spec: ModelSpec
-    results: list[ConfigResult] = field(default_factory=list)  # ranked after the run
-    error: str = ""  # the model could not be profiled at all
-    skipped: list[str] = field(default_factory=list)  # combinations that cannot work
-    study: dict[str, str] = field(default_factory=dict)  # optuna: storage URL and study name
-    pareto: list[str] = field(default_factory=list)  # the objectives of a multi-objective study
-    comparison: Comparison | None = None  # the final side-by-side rounds, when they ran
-    calibration: Calibration | None = None  # the A/A run of the default at the start
-
-    @property
-    def default(self) -> ConfigResult | None:
-        return next((r for r in self.results if r.is_default), None)
-
-
-@dataclass
-class ProfileOutcome:
-    config: ProfileConfig
-    models: list[ModelOutcome]
-    measured: int = 0  # points measured in this run
-    reused: int = 0  # points taken from the checkpoint
-    shared: int = 0  # points another process sharing the study measured
-    worker_starts: int = 0
-    wall_s: float = 0.0
-    server_only: list[dict[str, Any]] = field(default_factory=list)
-    kind: str = "CPU"
-    machine: dict[str, Any] | None = None  # None: this machine (set when rebuilt from a file)
-    placement: dict[str, str] = field(default_factory=dict)  # worker's and client's CPU sets
-
-
-
 Listener = Callable[[str, dict[str, Any]], None]  # (event, data) for progress displays
+
+
+def _outcome(ranker: Ranker, result: ConfigResult, measurement: Measurement,
+             violations: list[str]) -> Outcome:  # fmt: skip
+    """What the search is told of a measured point (and a shared study stores)."""
+    return Outcome(
+        ok=True,
+        throughput=measurement.metrics["perf_throughput"],
+        breaks_latency_limit=ranker.breaks_latency_limit(measurement),
+        satisfies_constraints=not violations,
+        score=ranker.score(measurement), metrics=measurement.metrics,
+        constraints=ranker.constraint_values(measurement),
+        measurement=measurement.to_dict(),
+        config={"description": result.description, "config_text": result.config_text},
+    )  # fmt: skip
 
 
 class Profiler:
@@ -188,12 +169,9 @@ class Profiler:
         space = load_search_space(self.config.search_space)
         placement = self.placement = self._placement()  # before the launcher: it starts there
         self.outcome.placement = placement.to_dict()
-        if self.config.triton_launch_mode == "remote":
-            self._ensure_launcher()  # bad endpoints: one error before anything is written
-        if self.config.triton_launch_mode == "docker":
-            launcher = self._ensure_launcher()
-            assert isinstance(launcher, DockerLauncher)
-            launcher.check()  # no daemon or no image: one error before anything is written
+        if self.config.triton_launch_mode in ("remote", "docker"):
+            # bad endpoints, no daemon or no image: one error before anything is written
+            self.ensure_launcher().check()
         self._check_folders()
         checkpoint = Checkpoint(self.config.checkpoints)
         output = self._prepare_output(checkpoint)
@@ -244,7 +222,7 @@ class Profiler:
     def _limits(self, spec: ModelSpec, source: ModelSource) -> SearchLimits:
         c = self.config
         return SearchLimits(
-            model_max_batch_size=source.config.max_batch_size,
+            own_max_batch_size=source.config.max_batch_size,
             min_model_batch_size=c.run_config_search_min_model_batch_size,
             max_model_batch_size=c.run_config_search_max_model_batch_size,
             min_instance_count=c.run_config_search_min_instance_count,
@@ -290,10 +268,8 @@ class Profiler:
             self._search(model, source, search, variants, cpu_only, fingerprint, checkpoint,
                          options)
         finally:
-            if isinstance(search, OptunaSearch):
-                search.close()
-        if isinstance(search, OptunaSearch):
-            self._merge_shared(model, source, search, variants, cpu_only)
+            search.close()
+        self._merge_shared(model, source, search.shared_points(), variants, cpu_only)
         if not model.error:
             run_final_comparison(self, model, options, checkpoint, json.dumps(fingerprint))
 
@@ -314,7 +290,7 @@ class Profiler:
                 search.tell(trial, Outcome(ok=False, error="cannot be built"))
                 continue
             if current is not None and current is not result:
-                self._unload()
+                self.unload_variant()
             current = result
             ckey = config_key(result.config_text, fingerprint_text)
             if ckey in checkpoint.failures:
@@ -323,58 +299,61 @@ class Profiler:
                 continue
             pkey = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
                              fingerprint_text)  # fmt: skip
-            measurement = checkpoint.points.get(pkey)
-            fresh = False
-            if measurement is not None:
-                measurement.config_name = result.name
-                self.outcome.reused += 1
-            else:
-                try:
-                    measurement = self._measure(result, trial, options)
-                except InputError as err:
-                    model.error = f"model '{spec.name}': {err}"
-                    self.listener("model_failed", {"model": spec.name, "error": model.error})
-                    break
-                except LaunchSetupError:
-                    raise
-                except (LaunchError, ServerError, MeasurementError, OSError) as err:
-                    result.error = self._failure_text(err)
-                    checkpoint.record_failure(ckey, result.error)
-                    self.listener("config_failed", {"result": result})
-                    self._recover()
-                    search.tell(trial, Outcome(ok=False, error=result.error))
-                    continue
-                self.outcome.measured += 1
-                fresh = True
+            try:
+                measurement, fresh = self._reuse_or_measure(result, trial, options, checkpoint,
+                                                            ckey, pkey)  # fmt: skip
+            except InputError as err:
+                model.error = f"model '{spec.name}': {err}"
+                self.listener("model_failed", {"model": spec.name, "error": model.error})
+                break
+            if measurement is None:
+                search.tell(trial, Outcome(ok=False, error=result.error))
+                continue
             result.measurements.append(measurement)
             violations = ranker.violations(measurement)
             self.listener("point", {"result": result, "measurement": measurement,
                                     "violations": violations})  # fmt: skip
             # the search first: a shared study's ledger is where other processes look for it
-            search.tell(trial, Outcome(
-                ok=True,
-                throughput=measurement.metrics["perf_throughput"],
-                breaks_latency_limit=ranker.breaks_latency_limit(measurement),
-                satisfies_constraints=not violations,
-                score=ranker.score(measurement), metrics=measurement.metrics,
-                constraints=ranker.constraint_values(measurement),
-                measurement=measurement.to_dict(),
-                config={"description": result.description, "config_text": result.config_text},
-            ))  # fmt: skip
+            search.tell(trial, _outcome(ranker, result, measurement, violations))
             if fresh:
                 checkpoint.record_point(pkey, measurement)
             if (result.is_default and model.calibration is None and self.config.final_rounds
                     is None and not self.fresh_worker_per_variant):  # fmt: skip
                 model.calibration = calibrate_default(self, result, trial, options, checkpoint,
                                                       fingerprint_text)  # fmt: skip
-        self._unload()
+        self.unload_variant()
+
+    def _reuse_or_measure(
+        self, result: ConfigResult, trial: SearchPoint, options: PerfOptions,
+        checkpoint: Checkpoint, ckey: str, pkey: str,
+    ) -> tuple[Measurement | None, bool]:  # fmt: skip
+        """The point from the checkpoint, or measured now: (measurement, measured now). None when
+        the config failed (its reason recorded, the worker recovered); InputError ends the
+        model, LaunchSetupError the run."""
+        measurement = checkpoint.points.get(pkey)
+        if measurement is not None:
+            measurement.config_name = result.name
+            self.outcome.reused += 1
+            return measurement, False
+        try:
+            measurement = self.measure_point(result, trial, options)
+        except LaunchSetupError:
+            raise
+        except (LaunchError, ServerError, MeasurementError, OSError) as err:
+            result.error = self.failure_text(err)
+            checkpoint.record_failure(ckey, result.error)
+            self.listener("config_failed", {"result": result})
+            self.recover()
+            return None, False
+        self.outcome.measured += 1
+        return measurement, True
 
     def _merge_shared(
-        self, model: ModelOutcome, source: ModelSource, search: OptunaSearch,
+        self, model: ModelOutcome, source: ModelSource, points: list[SharedPoint],
         variants: dict[str, ConfigResult | None], cpu_only: bool,
     ) -> None:  # fmt: skip
         """Points other processes sharing the study measured join this run's results."""
-        for point in unmerged(search.ledger.points(), variants):
+        for point in unmerged(points, variants):
             t = point.trial
             if t.params_json not in variants:
                 variants[t.params_json] = self._new_variant(model, source, t, cpu_only)
@@ -417,7 +396,7 @@ class Profiler:
         return OptunaSearch(space, limits, settings, c.num_configs_per_model, directions)
 
     def _new_variant(
-        self, model: ModelOutcome, source: ModelSource, trial: Trial, cpu_only: bool
+        self, model: ModelOutcome, source: ModelSource, trial: SearchPoint, cpu_only: bool
     ) -> ConfigResult | None:
         params = trial.params
         try:
@@ -452,7 +431,7 @@ class Profiler:
 
     # ---- worker and load generator -------------------------------------------------------------
     def _ensure_worker(self) -> Launcher:
-        launcher = self._ensure_launcher()
+        launcher = self.ensure_launcher()
         if not launcher.alive():
             self.listener("worker_start", {})
             urls = (launcher.http_url, launcher.grpc_url)
@@ -465,7 +444,7 @@ class Profiler:
             self._start_samplers()
         return launcher
 
-    def _ensure_launcher(self) -> Launcher:
+    def ensure_launcher(self) -> Launcher:
         if self.launcher is None:
             c = self.config
             flags = {}
@@ -516,16 +495,16 @@ class Profiler:
                 for g in summary.gpus
             ]  # fmt: skip
 
-    def _measure(self, result: ConfigResult, trial: Trial, options: PerfOptions) -> Measurement:
+    def measure_point(
+        self, result: ConfigResult, trial: SearchPoint, options: PerfOptions
+    ) -> Measurement:
+        """One point of a loaded (or now loaded) variant; the final comparison uses it too."""
         launcher = self._ensure_worker()
         # a remote server serves each variant under the model's own name, loaded by config
         served = result.model if launcher.remote else result.name
         if self.loaded != result.name:
             self.listener("load", {"result": result})
-            if isinstance(launcher, RemoteLauncher):
-                launcher.load_config(served, parse_model_config(result.config_text))
-            else:
-                launcher.load(served)
+            launcher.load_variant(served, result.config_text)
             self.loaded, self.loaded_as = result.name, served
         url = launcher.grpc_url if options.protocol == "grpc" else launcher.http_url
         control = control_client(options.protocol, url, served)
@@ -565,7 +544,7 @@ class Profiler:
         measurement.host = owner_id()
         return measurement
 
-    def _failure_text(self, err: Exception) -> str:
+    def failure_text(self, err: Exception) -> str:
         text = str(err).strip()
         launcher = self.launcher
         if launcher is not None and not launcher.alive() and not text.startswith("the worker"):
@@ -574,7 +553,7 @@ class Profiler:
                     f"config ({text}); its last log lines:\n{launcher.last_words()}")  # fmt: skip
         return text
 
-    def _recover(self) -> None:
+    def recover(self) -> None:
         """After a failed config: idle the load, unload, and restart the worker if it died."""
         if self.client is not None:
             try:
@@ -585,9 +564,9 @@ class Profiler:
         if self.launcher is not None and not self.launcher.alive():
             self.loaded = None
             return  # restarted lazily by the next measurement
-        self._unload()
+        self.unload_variant()
 
-    def _unload(self) -> None:
+    def unload_variant(self) -> None:
         if self.loaded is None or self.launcher is None:
             return
         if self.client is not None:

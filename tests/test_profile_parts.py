@@ -104,7 +104,7 @@ def _walk(search, throughput):
 
 
 def test_brute_order_for_the_seed_caps():
-    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=2, max_instance_count=2,
+    limits = SearchLimits(own_max_batch_size=8, max_model_batch_size=2, max_instance_count=2,
                           max_concurrency=2)  # fmt: skip
     trials = _walk(BruteSearch(load_search_space(), limits), lambda t: 100.0 + t.value)
     configs = list(dict.fromkeys(t.params_json for t in trials))
@@ -115,7 +115,7 @@ def test_brute_order_for_the_seed_caps():
 
 
 def test_max_batch_size_doubling_stops_when_not_better():
-    limits = SearchLimits(model_max_batch_size=64, max_model_batch_size=64, max_instance_count=1,
+    limits = SearchLimits(own_max_batch_size=64, max_model_batch_size=64, max_instance_count=1,
                           concurrency=[4])  # fmt: skip
     # throughput grows to mbs 4 then falls: 8 is measured, 16 is not
     trials = _walk(BruteSearch(load_search_space(), limits),
@@ -125,7 +125,7 @@ def test_max_batch_size_doubling_stops_when_not_better():
 
 
 def test_concurrency_plateau_rule_and_client_batch_cap():
-    limits = SearchLimits(model_max_batch_size=4, max_model_batch_size=1, max_instance_count=1,
+    limits = SearchLimits(own_max_batch_size=4, max_model_batch_size=1, max_instance_count=1,
                           max_concurrency=1024, batch_sizes=[1, 8])  # fmt: skip
     trials = _walk(BruteSearch(load_search_space(), limits),
                    lambda t: min(t.value, 8) * 100.0)  # saturates at concurrency 8
@@ -135,7 +135,7 @@ def test_concurrency_plateau_rule_and_client_batch_cap():
 
 
 def test_failed_variant_stops_its_sweep():
-    limits = SearchLimits(model_max_batch_size=0, max_instance_count=2, max_concurrency=8)
+    limits = SearchLimits(own_max_batch_size=0, max_instance_count=2, max_concurrency=8)
     search = BruteSearch(load_search_space(), limits)
     asked = []
     while (trial := search.ask()) is not None:
@@ -246,7 +246,7 @@ def _synthetic(trial):
 def test_quick_search_reaches_the_brute_force_best_with_fewer_points():
     from analyzer.search.quick import QuickSearch
 
-    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=32, max_instance_count=4,
+    limits = SearchLimits(own_max_batch_size=8, max_model_batch_size=32, max_instance_count=4,
                           max_concurrency=256)  # fmt: skip
     brute = _walk(BruteSearch(load_search_space(), limits), _synthetic)
     quick = _walk(QuickSearch(load_search_space(), limits), _synthetic)
@@ -263,7 +263,7 @@ def test_quick_search_reaches_the_brute_force_best_with_fewer_points():
 def test_optuna_search_finds_the_best_region_and_resumes_its_study(tmp_path):
     from analyzer.search.optuna import OptunaSearch, OptunaSettings
 
-    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=32, max_instance_count=4,
+    limits = SearchLimits(own_max_batch_size=8, max_model_batch_size=32, max_instance_count=4,
                           max_concurrency=256)  # fmt: skip
     settings = OptunaSettings(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s",
                               seed=1, min_trials=20, max_trials=60)  # fmt: skip
@@ -290,7 +290,7 @@ def test_optuna_search_finds_the_best_region_and_resumes_its_study(tmp_path):
 def test_two_searches_sharing_a_study_never_measure_the_same_point(tmp_path):
     from analyzer.search.optuna import OptunaSearch, OptunaSettings
 
-    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=8, max_instance_count=2,
+    limits = SearchLimits(own_max_batch_size=8, max_model_batch_size=8, max_instance_count=2,
                           max_concurrency=16)  # fmt: skip
     settings = OptunaSettings(storage=f"sqlite:///{tmp_path / 'shared.db'}", study_name="s",
                               seed=None, min_trials=30, max_trials=40,
@@ -369,7 +369,7 @@ def test_optuna_trial_floor_scales_with_a_small_space(tmp_path):
     from analyzer.search.optuna import OptunaSearch, OptunaSettings, scaled_min_trials
 
     assert [scaled_min_trials(n) for n in (20, 150, 180, 200, 3000)] == [10, 15, 18, 20, 20]
-    limits = SearchLimits(model_max_batch_size=8, max_model_batch_size=16, max_instance_count=2,
+    limits = SearchLimits(own_max_batch_size=8, max_model_batch_size=16, max_instance_count=2,
                           max_concurrency=16)  # fmt: skip
     brute = _walk(BruteSearch(load_search_space(), limits), _synthetic)
 

@@ -75,6 +75,14 @@ class Launcher(ABC):
         """Load `name` from the worker's repository; LaunchError with the worker's reason."""
         self._repository_call(f"/v2/repository/models/{name}/load", timeout_s)
 
+    def check(self) -> None:  # noqa: B027 - a local worker needs nothing checked beforehand
+        """LaunchSetupError when no worker can run at all (no daemon, no image, no server)."""
+
+    def load_variant(self, name: str, config_text: str, timeout_s: float = 600.0) -> None:
+        """Load a variant the profiler wrote (`config_text` is its config.pbtxt): a local or docker
+        worker reads it from the output repository it serves; a remote server gets the config."""
+        self.load(name, timeout_s)
+
     def unload(self, name: str, timeout_s: float = 120.0) -> None:
         self._repository_call(f"/v2/repository/models/{name}/unload", timeout_s)
 

@@ -14,7 +14,7 @@ import time
 
 from google.protobuf import json_format
 
-from analyzer.config.model_config import ModelConfig
+from analyzer.config.model_config import ModelConfig, parse_model_config
 from analyzer.launch.base import Launcher, LaunchSetupError
 
 
@@ -53,6 +53,11 @@ class RemoteLauncher(Launcher):
 
     def exit_status(self) -> str:
         return "" if self.alive() else f"the server at {self.http_url} stopped answering"
+
+    def load_variant(self, name: str, config_text: str, timeout_s: float = 600.0) -> None:
+        """The server does not see our output repository: it loads its own copy of the model
+        under the variant's config."""
+        self.load_config(name, parse_model_config(config_text), timeout_s)
 
     def load_config(self, model: str, config: ModelConfig, timeout_s: float = 600.0) -> None:
         """Load `model` from the server's repository with `config` instead of its own."""

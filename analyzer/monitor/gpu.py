@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from analyzer.monitor.base import Sampler
+from analyzer.monitor.nvml import Device, Nvml
 
 
 @dataclass
@@ -62,65 +63,34 @@ class GpuSampler(Sampler):
 
     def __init__(self, gpus: list[str] | None = None, interval_s: float = 0.1) -> None:
         super().__init__(interval_s)
-        self.reason = ""
-        self._nvml = None
-        self._handles: list = []
-        self._open(gpus or [])
-
-    def _open(self, wanted: list[str]) -> None:
+        self._nvml = Nvml.open()
+        self.reason = self._nvml.reason
+        self._devices: list[Device] = []
         try:
-            import pynvml
-        except ImportError:
-            self.reason = "no GPU: nvidia-ml-py (pynvml) is not installed"
-            return
-        try:
-            pynvml.nvmlInit()
-        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            self.reason = f"no GPU: NVML is not available ({exc})"
-            return
-        self._nvml = pynvml
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        except Exception as exc:
-            self.reason = f"no GPU: NVML could not list devices ({exc})"
-            handles = []
-        if wanted and wanted != ["all"]:
-            picked = []
-            for key in wanted:
-                for index, handle in enumerate(handles):
-                    if key in (str(index), _text(pynvml.nvmlDeviceGetUUID(handle))):
-                        picked.append(handle)
-                        break
-                else:
-                    self.reason = f"no GPU: '{key}' is not a GPU index or UUID on this machine"
-                    picked = []
-                    break
-            handles = picked
-        self._handles = handles
-        if not handles and not self.reason:
-            self.reason = "no GPU: NVML found no devices"
+            self._devices = self._nvml.pick(gpus or []) if self._nvml.devices else []
+        except KeyError as missing:
+            self.reason = f"no GPU: '{missing.args[0]}' is not a GPU index or UUID on this machine"
 
     def available(self) -> bool:
-        return bool(self._handles)
+        return bool(self._devices)
 
     def sample(self) -> list[GpuReading] | None:
         nvml = self._nvml
         readings = []
         try:
-            for handle in self._handles:
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            for device in self._devices:
+                used, total = nvml.memory(device)
                 try:
-                    power = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+                    power: float | None = nvml.power_w(device)
                 except Exception:  # not every board reports power
                     power = None
                 readings.append(
                     GpuReading(
-                        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                        name=_text(nvml.nvmlDeviceGetName(handle)),
-                        memory_used_mb=memory.used / 1e6,
-                        memory_total_mb=memory.total / 1e6,
-                        utilization_pct=float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                        uuid=device.uuid,
+                        name=device.name,
+                        memory_used_mb=used / 1e6,
+                        memory_total_mb=total / 1e6,
+                        utilization_pct=nvml.utilization_pct(device),
                         power_w=power,
                     )
                 )
@@ -156,14 +126,5 @@ class GpuSampler(Sampler):
         return GpuSummary(True, "", gpus)
 
     def close(self) -> None:
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:
-                pass
-            self._nvml = None
-            self._handles = []
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        self._nvml.close()
+        self._devices = []

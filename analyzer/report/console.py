@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from analyzer.results.finals import Comparison
-from analyzer.results.ranking import ConfigResult
+from analyzer.results.ranking import ConfigResult, top_across_models
 from analyzer.terminal import print_whole
 
 
@@ -267,14 +267,6 @@ def how_sure(comparison: Comparison) -> str:
         text += (f" Its throughput is {v.estimate:.2f}x the default config's "
                  f"(95% CI {v.low:.2f}-{v.high:.2f}).")  # fmt: skip
     return text
-
-
-def top_across_models(outcome) -> list[ConfigResult]:
-    """MA's num_top_model_configs: the best configs of all models in one ranking (meaningful
-    when the models share their objectives)."""
-    pool = [r for m in outcome.models for r in m.results if r.best is not None]
-    pool.sort(key=lambda r: (not r.satisfies, -r.score))
-    return pool[: outcome.config.num_top_model_configs]
 
 
 def _print_across_models(outcome, console: Console) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 import psutil
 
+from analyzer.monitor.nvml import Nvml
+
 
 def _version(package: str) -> str:
     try:
@@ -30,24 +32,13 @@ def _cpu_model() -> str:
 
 
 def _gpus() -> tuple[list[dict[str, Any]], str]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - no driver or library: a CPU machine
-        return [], f"no GPU: {exc}"
-    try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append({"index": i, "name": pynvml.nvmlDeviceGetName(handle),
-                         "uuid": pynvml.nvmlDeviceGetUUID(handle),
-                         "memory_total_mb": memory.total / 2**20})  # fmt: skip
-        return gpus, str(driver)
-    finally:
-        pynvml.nvmlShutdown()
+    """The GPUs and the driver version, or no GPUs and the reason."""
+    with Nvml.open() as nvml:
+        if not nvml.devices:
+            return [], nvml.reason
+        gpus = [{"index": d.index, "name": d.name, "uuid": d.uuid,
+                 "memory_total_mb": nvml.memory(d)[1] / 2**20} for d in nvml.devices]  # fmt: skip
+        return gpus, nvml.driver_version()
 
 
 @functools.cache

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.results.finals import Comparison, FinalResult
 from analyzer.results.measurement import Measurement
 from analyzer.results.metrics import DIRECTIONS, unit
+
+if TYPE_CHECKING:
+    from analyzer.results.outcome import ProfileOutcome
 
 
 @dataclass
@@ -160,3 +163,11 @@ def recommended_first(
         if r.measurements:
             r.rank = i
     return ordered
+
+
+def top_across_models(outcome: ProfileOutcome) -> list[ConfigResult]:
+    """MA's num_top_model_configs: the best configs of all models in one ranking (meaningful
+    when the models share their objectives)."""
+    pool = [r for m in outcome.models for r in m.results if r.best is not None]
+    pool.sort(key=lambda r: (not r.satisfies, -r.score))
+    return pool[: outcome.config.num_top_model_configs]

@@ -1,7 +1,8 @@
 """What a search strategy proposes and what it is told back (Optuna's ask/tell shape).
 
-Lifecycle: the profiler calls `ask()` for the next Trial -- a model-config variant (as the fields
-it changes) and one load point on it. It builds the variant, loads it, measures the point and calls
+Lifecycle: the profiler calls `ask()` for the next SearchPoint -- a model-config variant (as the
+fields it changes) and one load point on it. (Named apart from `optuna.Trial`, which the optuna
+strategy also handles.) It builds the variant, loads it, measures the point and calls
 `tell(trial, outcome)` before asking again; `ask()` returning None ends the search for that model.
 Strategies are pure: they never launch, load or measure anything themselves.
 """
@@ -12,11 +13,14 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from analyzer.search.ledger import SharedPoint
 
 
 @dataclass(frozen=True)
-class Trial:
+class SearchPoint:
     """One point to measure: `params` are the config fields the variant sets ({} = the model's own
     config), `load` is "concurrency" or "request_rate" with its `value`, at client `batch_size`."""
 
@@ -26,8 +30,8 @@ class Trial:
     batch_size: int = 1
 
     @staticmethod
-    def make(params: dict[str, Any], load: str, value: int, batch_size: int = 1) -> Trial:
-        return Trial(json.dumps(params, sort_keys=True), load, value, batch_size)
+    def make(params: dict[str, Any], load: str, value: int, batch_size: int = 1) -> SearchPoint:
+        return SearchPoint(json.dumps(params, sort_keys=True), load, value, batch_size)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -38,7 +42,7 @@ class Trial:
 class SearchLimits:
     """The caps and fixed values of one model's search (from the profile settings)."""
 
-    model_max_batch_size: int  # the model's own max_batch_size; 0 = no batching
+    own_max_batch_size: int  # the model's own max_batch_size; 0 = no batching
     min_model_batch_size: int = 1
     max_model_batch_size: int = 128
     min_instance_count: int = 1
@@ -58,10 +62,10 @@ class SearchLimits:
 
 @dataclass
 class Outcome:
-    """What the measurement of a Trial told: `ok` False when the variant failed to load or serve
-    (the strategy moves on to another variant); throughput in infer/s; whether the point broke a
-    latency limit (sweeps may stop there). The profiler adds its objective score, the point's
-    metrics and constraint values, and the stored point and config a shared study keeps."""
+    """What the measurement of a SearchPoint told: `ok` False when the variant failed to load or
+    serve (the strategy moves on to another variant); throughput in infer/s; whether the point
+    broke a latency limit (sweeps may stop there). The profiler adds its objective score, the
+    point's metrics and constraint values, and the stored point and config a shared study keeps."""
 
     ok: bool
     throughput: float = 0.0
@@ -81,12 +85,19 @@ class Outcome:
 
 class SearchStrategy(ABC):
     @abstractmethod
-    def ask(self) -> Trial | None:
+    def ask(self) -> SearchPoint | None:
         """The next point to measure, or None when the search is over."""
 
     @abstractmethod
-    def tell(self, trial: Trial, outcome: Outcome) -> None:
+    def tell(self, trial: SearchPoint, outcome: Outcome) -> None:
         """The result of the last trial asked."""
+
+    def close(self) -> None:  # noqa: B027 - most strategies hold nothing
+        """Give back what the search holds (a shared study's claims and heartbeats)."""
+
+    def shared_points(self) -> list[SharedPoint]:
+        """Points other processes sharing this search's study measured; none for most."""
+        return []
 
 
 class WalkStrategy(SearchStrategy):
@@ -95,16 +106,16 @@ class WalkStrategy(SearchStrategy):
 
     def __init__(self) -> None:
         self._last: Outcome | None = None
-        self._pending: Trial | None = None
-        self._steps: Generator[Trial, None, None] | None = None
+        self._pending: SearchPoint | None = None
+        self._steps: Generator[SearchPoint, None, None] | None = None
 
     @abstractmethod
-    def _walk(self) -> Generator[Trial, None, None]: ...
+    def _walk(self) -> Generator[SearchPoint, None, None]: ...
 
-    def _told(self, trial: Trial, outcome: Outcome) -> None:  # noqa: B027 - optional hook
+    def _told(self, trial: SearchPoint, outcome: Outcome) -> None:  # noqa: B027 - optional hook
         """Bookkeeping of subclasses, called by tell()."""
 
-    def ask(self) -> Trial | None:
+    def ask(self) -> SearchPoint | None:
         if self._pending is None:
             if self._steps is None:
                 self._steps = self._walk()
@@ -114,7 +125,7 @@ class WalkStrategy(SearchStrategy):
                 return None
         return self._pending
 
-    def tell(self, trial: Trial, outcome: Outcome) -> None:
+    def tell(self, trial: SearchPoint, outcome: Outcome) -> None:
         if trial != self._pending:
             raise RuntimeError("tell() must answer the trial that ask() returned")
         self._last, self._pending = outcome, None

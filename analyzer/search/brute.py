@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Generator
 from typing import Any
 
-from analyzer.search.base import SearchLimits, Trial, WalkStrategy
+from analyzer.search.base import SearchLimits, SearchPoint, WalkStrategy
 from analyzer.search.space import SearchSpace, Sweep
 
 
@@ -38,12 +38,12 @@ class BruteSearch(WalkStrategy):
         self.space = space
         self.limits = limits
 
-    def _walk(self) -> Generator[Trial, None, None]:
+    def _walk(self) -> Generator[SearchPoint, None, None]:
         limits = self.limits
-        yield from self._sweep({}, limits.model_max_batch_size)
+        yield from self._sweep({}, limits.own_max_batch_size)
         if limits.manual:
             for option in expand_manual(limits.manual):
-                mbs = option.get("max_batch_size", limits.model_max_batch_size)
+                mbs = option.get("max_batch_size", limits.own_max_batch_size)
                 yield from self._sweep(option, int(mbs))
             return
         if limits.search_disable:
@@ -52,7 +52,7 @@ class BruteSearch(WalkStrategy):
             limits.min_instance_count, limits.max_instance_count
         )
         for count in counts:
-            if limits.model_max_batch_size <= 0:  # no batching: only the instance count varies
+            if limits.own_max_batch_size <= 0:  # no batching: only the instance count varies
                 yield from self._sweep({"instance_count": count}, 0)
                 continue
             chain: list[float] = []
@@ -85,7 +85,9 @@ class BruteSearch(WalkStrategy):
         sweep = self.space.concurrency
         return "concurrency", sweep.values(limits.min_concurrency, limits.max_concurrency), sweep
 
-    def _sweep(self, params: dict[str, Any], max_batch_size: int) -> Generator[Trial, None, float]:
+    def _sweep(
+        self, params: dict[str, Any], max_batch_size: int
+    ) -> Generator[SearchPoint, None, float]:
         """Every client batch size, each over the load sweep; returns the best throughput seen
         (0 when the variant failed)."""
         load, values, sweep = self._load_values()
@@ -97,7 +99,7 @@ class BruteSearch(WalkStrategy):
                 continue
             seen: list[float] = []
             for value in values:
-                yield Trial.make(params, load, value, batch)
+                yield SearchPoint.make(params, load, value, batch)
                 outcome = self._last
                 assert outcome is not None
                 if not outcome.ok:

@@ -35,7 +35,7 @@ from sqlalchemy.engine import make_url
 
 from analyzer.errors import AnalyzerError
 from analyzer.results.measurement import Measurement
-from analyzer.search.base import Outcome, Trial
+from analyzer.search.base import Outcome, SearchPoint
 
 HEARTBEAT_S = 5
 GRACE_S = 20
@@ -141,7 +141,7 @@ def _dead_here(owner: str) -> bool:
     return False
 
 
-def point_key(trial: Trial) -> str:
+def study_point_id(trial: SearchPoint) -> str:
     return f"{trial.params_json}|{trial.load}={trial.value}|batch={trial.batch_size}"
 
 
@@ -156,7 +156,7 @@ class Claim:
 class SharedPoint:
     """A finished point from the ledger, as the profiler and the report merge it."""
 
-    trial: Trial
+    trial: SearchPoint
     measurement: dict[str, Any]
     config: dict[str, Any]
     host: str
@@ -198,10 +198,10 @@ class Ledger:
         self._thread.start()
 
     # ---- claims -------------------------------------------------------------------------------
-    def claim(self, trial: Trial, wait: bool) -> Claim:
+    def claim(self, trial: SearchPoint, wait: bool) -> Claim:
         """Claim the point, or learn that it is done; with `wait`, a point another process is
         measuring is waited for (its result, or its claim going stale) instead of answered busy."""
-        key = point_key(trial)
+        key = study_point_id(trial)
         while True:
             optuna.storages.fail_stale_trials(self.study)
             state, done = self._look(key, None)
@@ -341,7 +341,7 @@ def read_points(study: optuna.Study) -> list[SharedPoint]:
         if "measurement" not in attrs or "trial" not in attrs:
             continue
         params_json, load, value, batch = attrs["trial"]
-        out.append(SharedPoint(Trial(params_json, load, int(value), int(batch)),
+        out.append(SharedPoint(SearchPoint(params_json, load, int(value), int(batch)),
                                attrs["measurement"], attrs.get("config", {}),
                                attrs.get("host", "")))  # fmt: skip
     return out

@@ -6,7 +6,8 @@ resumes it; PostgreSQL to share one study between processes and hosts). Every po
 study trial, final sweep -- is claimed in the study's points ledger (ledger.py) before it is
 measured: a point any process finished is reused, one another process is measuring is skipped
 (study) or waited for (sweeps), so processes sharing a study divide the work. Constraints go
-to the samplers through `Trial.set_constraint` (feasible when <= 0). Trials stop after MA's budget:
+to the samplers through `optuna.Trial.set_constraint` (feasible when <= 0). Trials stop after MA's
+budget:
 between optuna_min_trials (default: scaled to the space) / min_percentage_of_search_space and
 optuna_max_trials / max_percentage_of_search_space, and early when the best has not improved
 for optuna_early_exit_threshold trials. The best configs then get a full concurrency sweep.
@@ -22,14 +23,15 @@ from typing import Any
 
 import optuna
 
-from analyzer.search.base import Outcome, SearchLimits, Trial
+from analyzer.search.base import Outcome, SearchLimits, SearchPoint
 from analyzer.search.ledger import (
     Claim,
     Ledger,
+    SharedPoint,
     StudyStorageError,
     open_storage,
     outcome_of,
-    point_key,
+    study_point_id,
 )
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import SearchSpace
@@ -99,7 +101,7 @@ class OptunaSearch(QuickSearch):
         self.space_size = size
         self._check_fingerprint(directions or ["maximize"])
         self.ledger = Ledger(storage, settings.study_name)
-        self._claims: dict[Trial, Claim] = {}
+        self._claims: dict[SearchPoint, Claim] = {}
         self.shared = 0  # points finished by another process (or an earlier run) and reused
         self.min_trials = min(low, size)
         self.max_trials = min(max(high, self.min_trials), size)
@@ -125,7 +127,7 @@ class OptunaSearch(QuickSearch):
         params: dict[str, Any] = {
             "instance_count": trial.suggest_int("instance_count", self.counts[0], self.counts[-1])
         }
-        if limits.model_max_batch_size > 0:
+        if limits.own_max_batch_size > 0:
             low, high = math.log2(self.sizes[0]), math.log2(self.sizes[-1])
             exponent = trial.suggest_int("max_batch_size_log2", int(low), int(high))
             mbs = max(self.sizes[0], min(self.sizes[-1], 2**exponent))
@@ -156,7 +158,7 @@ class OptunaSearch(QuickSearch):
         return len({t.user_attrs.get("point", t.number) for t in trials})
 
     # ---- points, through the ledger ------------------------------------------------------------
-    def _measure(self, trial: Trial) -> Generator[Trial, None, Outcome]:
+    def _measure(self, trial: SearchPoint) -> Generator[SearchPoint, None, Outcome]:
         """Every point (baseline, study, sweeps) is claimed in the ledger first: one finished by
         any process is reused, one another process is measuring is waited for."""
         if trial not in self.asked:
@@ -164,7 +166,9 @@ class OptunaSearch(QuickSearch):
             assert outcome is not None
         return self.asked[trial]
 
-    def _claimed(self, trial: Trial, wait: bool) -> Generator[Trial, None, Outcome | None]:
+    def _claimed(
+        self, trial: SearchPoint, wait: bool
+    ) -> Generator[SearchPoint, None, Outcome | None]:
         claim = self.ledger.claim(trial, wait)
         if claim.state == "busy":
             return None
@@ -177,11 +181,14 @@ class OptunaSearch(QuickSearch):
             yield trial
         return self.asked[trial]
 
-    def _told(self, trial: Trial, outcome: Outcome) -> None:
+    def _told(self, trial: SearchPoint, outcome: Outcome) -> None:
         super()._told(trial, outcome)
         claim = self._claims.pop(trial, None)
         if claim is not None:
             self.ledger.finish(claim, outcome, outcome.config)
+
+    def shared_points(self) -> list[SharedPoint]:
+        return self.ledger.points()
 
     def close(self) -> None:
         """Give back a claim left unmeasured (the run was interrupted) and stop the heartbeats."""
@@ -193,7 +200,7 @@ class OptunaSearch(QuickSearch):
         self._claims.clear()
         self.ledger.close()
 
-    def _walk(self) -> Generator[Trial, None, None]:
+    def _walk(self) -> Generator[SearchPoint, None, None]:
         self.phase = "baseline"
         yield from self._measure(self._trial({}, self.levels[self._start().concurrency_index]))
         self.phase = "study"
@@ -206,7 +213,7 @@ class OptunaSearch(QuickSearch):
             trial = self.study.ask()
             params, level = self._suggest(trial)
             ours = self._trial(params, level)
-            trial.set_user_attr("point", point_key(ours))
+            trial.set_user_attr("point", study_point_id(ours))
             if ours in self.asked:
                 repeats += 1  # the sampler proposed a point this search already knows
                 self._tell(trial, self.asked[ours])

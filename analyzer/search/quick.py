@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from analyzer.search.base import Outcome, SearchLimits, Trial, WalkStrategy
+from analyzer.search.base import Outcome, SearchLimits, SearchPoint, WalkStrategy
 from analyzer.search.space import SearchSpace
 
 
@@ -46,10 +46,10 @@ class QuickSearch(WalkStrategy):
         self.levels = limits.concurrency or space.concurrency.values(
             limits.min_concurrency, limits.max_concurrency)
         self.batch = min(limits.batch_sizes)
-        self.asked: dict[Trial, Outcome] = {}
+        self.asked: dict[SearchPoint, Outcome] = {}
         self.best_by_config: dict[str, float] = {}
 
-    def _told(self, trial: Trial, outcome: Outcome) -> None:
+    def _told(self, trial: SearchPoint, outcome: Outcome) -> None:
         self.asked[trial] = outcome
         if outcome.ok:
             score = _score(outcome)
@@ -58,17 +58,17 @@ class QuickSearch(WalkStrategy):
 
     # ---- the walk ------------------------------------------------------------------------------
     def _params(self, state: State) -> dict:
-        if self.limits.model_max_batch_size <= 0:
+        if self.limits.own_max_batch_size <= 0:
             return {"instance_count": state.instances}
         mbs = self.sizes[state.batch_index]
         delay = self.delays[state.delay_index] if mbs > 1 else self.delays[0]
         return {"instance_count": state.instances, "max_batch_size": mbs,
                 "max_queue_delay_microseconds": delay}  # fmt: skip
 
-    def _trial(self, params: dict, concurrency: int) -> Trial:
-        return Trial.make(params, "concurrency", concurrency, self.batch)
+    def _trial(self, params: dict, concurrency: int) -> SearchPoint:
+        return SearchPoint.make(params, "concurrency", concurrency, self.batch)
 
-    def _measure(self, trial: Trial) -> Generator[Trial, None, Outcome]:
+    def _measure(self, trial: SearchPoint) -> Generator[SearchPoint, None, Outcome]:
         if trial not in self.asked:
             yield trial
         return self.asked[trial]
@@ -76,10 +76,10 @@ class QuickSearch(WalkStrategy):
     def _start(self) -> State:
         count = self.counts[0]
         size = 0
-        if self.limits.model_max_batch_size > 0:
-            own = min(self.limits.model_max_batch_size, self.sizes[-1])
+        if self.limits.own_max_batch_size > 0:
+            own = min(self.limits.own_max_batch_size, self.sizes[-1])
             size = max(i for i, s in enumerate(self.sizes) if s <= max(own, self.sizes[0]))
-        mbs = self.sizes[size] if self.limits.model_max_batch_size > 0 else 1
+        mbs = self.sizes[size] if self.limits.own_max_batch_size > 0 else 1
         target = 2 * mbs * count  # MA's quick-mode concurrency formula, as the starting point
         level = min(range(len(self.levels)), key=lambda i: abs(self.levels[i] - target))
         return State(count, size, 0, level)
@@ -90,7 +90,7 @@ class QuickSearch(WalkStrategy):
         for j in (i - 1, i + 1):
             if 0 <= j < len(self.counts):
                 out.append(State(self.counts[j], s.batch_index, s.delay_index, s.concurrency_index))
-        if self.limits.model_max_batch_size > 0:
+        if self.limits.own_max_batch_size > 0:
             for b in (s.batch_index - 1, s.batch_index + 1):
                 if 0 <= b < len(self.sizes):
                     out.append(State(s.instances, b, s.delay_index, s.concurrency_index))
@@ -103,12 +103,12 @@ class QuickSearch(WalkStrategy):
                 out.append(State(s.instances, s.batch_index, s.delay_index, c))
         return out
 
-    def _evaluate(self, state: State) -> Generator[Trial, None, float | None]:
+    def _evaluate(self, state: State) -> Generator[SearchPoint, None, float | None]:
         outcome = yield from self._measure(
             self._trial(self._params(state), self.levels[state.concurrency_index]))
         return _score(outcome) if outcome.ok else None
 
-    def _walk(self) -> Generator[Trial, None, None]:
+    def _walk(self) -> Generator[SearchPoint, None, None]:
         # the model's own config first, over the concurrency levels around MA's formula
         start = self._start()
         yield from self._measure(self._trial({}, self.levels[start.concurrency_index]))
@@ -124,7 +124,7 @@ class QuickSearch(WalkStrategy):
             current, current_score = best, best_score
         yield from self._final_sweeps()
 
-    def _final_sweeps(self) -> Generator[Trial, None, None]:
+    def _final_sweeps(self) -> Generator[SearchPoint, None, None]:
         ranked = sorted(self.best_by_config, key=self.best_by_config.__getitem__, reverse=True)
         chosen = ranked[: self.top_configs]
         if "{}" not in chosen:
@@ -133,7 +133,7 @@ class QuickSearch(WalkStrategy):
         for params_json in chosen:
             seen: list[float] = []
             for level in self.levels:
-                trial = Trial(params_json, "concurrency", level, self.batch)
+                trial = SearchPoint(params_json, "concurrency", level, self.batch)
                 outcome = yield from self._measure(trial)
                 if not outcome.ok:
                     break

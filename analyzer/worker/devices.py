@@ -5,19 +5,13 @@ from __future__ import annotations
 import functools
 import os
 
+from analyzer.monitor.nvml import Nvml
+
 
 @functools.cache
 def gpu_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no library, no device: a CPU machine
-        return 0
+    with Nvml.open() as nvml:  # no driver, no library, no device: 0, a CPU machine
+        return len(nvml.devices)
 
 
 def cpu_count() -> int:

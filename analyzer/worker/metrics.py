@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import psutil
 
+from analyzer.monitor.nvml import Nvml
 from analyzer.worker.http_server import (
     HttpRequest,
     HttpResponse,
@@ -124,40 +125,20 @@ _GPU_GAUGES = (
 
 
 class _Nvml:
-    """NVML, initialised once per process on the first scrape; no GPU or no driver: no lines."""
+    """NVML, opened once per process on the first scrape; no GPU or no driver: no lines."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.tried = False
-        self.pynvml = None
-        self.devices: list[tuple[str, object]] = []  # (uuid, handle)
+        self.nvml: Nvml | None = None
 
-    def start(self) -> bool:
+    def start(self) -> Nvml | None:
         with self.lock:
-            if not self.tried:
-                self.tried = True
-                self._init()
-        return self.pynvml is not None
-
-    def _init(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as err:
-            log.info("no GPU metrics: %s", err)
-            return
-        try:
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = pynvml.nvmlDeviceGetUUID(handle)
-                self.devices.append((uuid.decode() if isinstance(uuid, bytes) else uuid, handle))
-        except Exception as err:
-            log.warning("no GPU metrics: NVML could not list the GPUs: %s", err)
-            self.devices = []
-            pynvml.nvmlShutdown()
-            return
-        self.pynvml = pynvml
+            if self.nvml is None:
+                self.nvml = Nvml.open()
+                if not self.nvml.devices:
+                    log.info("no GPU metrics: %s", self.nvml.reason)
+                    self.nvml.close()
+        return self.nvml if self.nvml.devices else None
 
 
 _nvml = _Nvml()
@@ -165,18 +146,18 @@ _nvml = _Nvml()
 
 def _gpu_lines() -> list[str]:
     """nv_gpu_* per GPU through NVML; nothing at all on a machine without one."""
-    if not _nvml.start():
+    nv = _nvml.start()
+    if nv is None:
         return []
-    nv = _nvml.pynvml
     rows = []
-    for uuid, handle in _nvml.devices:
-        mem = _try_obj(lambda h=handle: nv.nvmlDeviceGetMemoryInfo(h))
-        util = _try(lambda h=handle: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
-        power = _try(lambda h=handle: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
-        limit = _try(lambda h=handle: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
-        energy = _try(lambda h=handle: nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)
-        total, used = (mem.total, mem.used) if mem is not None else (0, 0)
-        rows.append((escape_label(uuid), [util, total, used, power, limit, energy]))
+    for d in nv.devices:
+        mem = _try_obj(lambda d=d: nv.memory(d))
+        util = _try(lambda d=d: nv.utilization_pct(d) / 100.0)
+        power = _try(lambda d=d: nv.power_w(d))
+        limit = _try(lambda d=d: nv.power_limit_w(d))
+        energy = _try(lambda d=d: nv.energy_j(d))
+        used, total = mem if mem is not None else (0, 0)
+        rows.append((escape_label(d.uuid), [util, total, used, power, limit, energy]))
     lines = []
     for i, (name, kind, help_text) in enumerate(_GPU_GAUGES):
         lines.append(f"# HELP {name} {help_text}")

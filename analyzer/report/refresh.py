@@ -13,46 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analyzer.config.profile_config import ModelSpec, ProfileConfig, storage_from_environment
-from analyzer.profiler import ModelOutcome, ProfileOutcome
+from analyzer.config.profile_config import storage_from_environment
 from analyzer.report.exports import write_csvs, write_results
-from analyzer.results.finals import Calibration, Comparison, FinalResult
-from analyzer.results.measurement import Measurement
+from analyzer.results.outcome import ModelOutcome, outcome_from_document
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
 from analyzer.search.ledger import StudyStorageError, load_points, redact_url, unmerged
-
-
-def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
-    """The run a results file describes, as the objects the exports are written from."""
-    config = ProfileConfig(values=document["settings"], models=[])
-    models = []
-    for m in document["models"]:
-        spec = ModelSpec(name=m["name"], objectives=m["objectives"], constraints=m["constraints"])
-        model = ModelOutcome(spec, error=m["error"], skipped=m["skipped"],
-                             study=m.get("study") or {},
-                             pareto=m.get("pareto_objectives") or [])  # fmt: skip
-        if m.get("final_comparison"):
-            model.comparison = Comparison.from_dict(m["final_comparison"])
-        if m.get("calibration"):
-            model.calibration = Calibration.from_dict(m["calibration"])
-        for c in m["configs"]:
-            model.results.append(ConfigResult(
-                model=m["name"], name=c["name"], params=c["params"],
-                description=c["description"], config_text="", path=c["path"],
-                is_default=c["is_default"], error=c["error"],
-                measurements=[Measurement.from_dict(x) for x in c["measurements"]],
-                final=FinalResult.from_dict(c["final_comparison"])
-                if c.get("final_comparison") else None,
-            ))  # fmt: skip
-        models.append(model)
-    stats = document["stats"]
-    return ProfileOutcome(
-        config, models, measured=stats["measured"], reused=stats["reused"],
-        shared=stats.get("shared", 0), worker_starts=stats["worker_starts"],
-        wall_s=stats["wall_s"], server_only=document["server_only"],
-        kind=document["instance_kind"], machine=document["machine"],
-        placement=document.get("cpu_placement") or {},
-    )  # fmt: skip
 
 
 def _study_reachable(url: str) -> bool:
