@@ -52,7 +52,7 @@ from analyzer.repository.variants import (
     write_variant,
 )
 from analyzer.results.checkpoint import Checkpoint, config_key, point_key
-from analyzer.results.measurement import Measurement, from_point
+from analyzer.results.measurement import Measurement, from_point, from_shared
 from analyzer.results.metrics import DIRECTIONS, MEMORY_TAGS
 from analyzer.results.outcome import ModelOutcome, ProfileOutcome
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
@@ -360,7 +360,7 @@ class Profiler:
             result = variants[t.params_json]
             if result is None:
                 continue
-            result.measurements.append(point.to_measurement(result.name))
+            result.measurements.append(from_shared(point, result.name))
             self.outcome.shared += 1
 
     def _strategy(

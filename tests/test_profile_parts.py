@@ -14,7 +14,7 @@ from analyzer.config.profile_config import ProfileConfigError, load_profile_conf
 from analyzer.repository.variants import VariantError, default_variant, make_variant, write_variant
 from analyzer.results.measurement import Measurement
 from analyzer.results.ranking import ConfigResult, Ranker
-from analyzer.search.base import Outcome
+from analyzer.search.base import Outcome, SearchPoint
 from analyzer.search.brute import BruteSearch, SearchLimits, expand_manual
 from analyzer.search.space import SearchSpaceError, load_search_space
 
@@ -388,3 +388,58 @@ def test_optuna_trial_floor_scales_with_a_small_space(tmp_path):
         scaled, fixed = search(seed, None), search(seed, 20)
         assert len(scaled) < len(fixed) < len(brute)
         assert max(map(_synthetic, scaled)) == max(map(_synthetic, fixed))
+
+
+def test_optuna_sweeps_walk_outward_from_the_best_load_and_respect_a_latency_limit(tmp_path):
+    """The final sweeps start at each chosen config's best sampled load: with no constraint they
+    end at the top load that still gains, with fewer points than quick mode's sweeps from
+    concurrency 1; with a latency limit the best load that meets it is found below."""
+    from analyzer.search.optuna import OptunaSearch, OptunaSettings
+
+    limits = SearchLimits(own_max_batch_size=8, max_model_batch_size=16, max_instance_count=2,
+                          max_concurrency=64)  # fmt: skip
+
+    def latency_ms(trial):  # closed loop: latency = concurrency / throughput
+        return 1000.0 * trial.value / _synthetic(trial)
+
+    def run(seed: int, limit_ms: float | None):
+        settings = OptunaSettings(storage=f"sqlite:///{tmp_path / f'{seed}-{limit_ms}.db'}",
+                                  study_name="s", seed=seed)  # fmt: skip
+        search = OptunaSearch(load_search_space(), limits, settings)
+        trials = []
+        try:
+            while (trial := search.ask()) is not None:
+                trials.append((search.phase, trial))
+                meets = limit_ms is None or latency_ms(trial) <= limit_ms
+                search.tell(trial, Outcome(ok=True, throughput=_synthetic(trial),
+                                           satisfies_constraints=meets,
+                                           breaks_latency_limit=not meets))  # fmt: skip
+        finally:
+            search.close()
+        return search, trials
+
+    for seed in (0, 1):
+        search, trials = run(seed, None)
+        sweeps = [t for phase, t in trials if phase == "sweeps"]
+        chosen = search._chosen()
+        assert sweeps and {t.params_json for t in sweeps} <= set(chosen)
+        # an ascending sweep would measure every level of every chosen config
+        assert len(sweeps) < len(chosen) * len(search.levels) / 2
+        for params_json in chosen:  # each ends at the top load: throughput grows with it here
+            measured = {t.value for _, t in trials if t.params_json == params_json}
+            assert max(search.levels) in measured
+        search, trials = run(seed, LIMIT_MS)
+        measured = [t for _, t in trials]
+        for params_json in search._chosen():
+            levels = [SearchPoint(params_json, "concurrency", c, 1) for c in search.levels]
+            possible = [t for t in levels if latency_ms(t) <= LIMIT_MS]
+            if not possible:
+                continue
+            found = [t for t in measured if t.params_json == params_json
+                     and latency_ms(t) <= LIMIT_MS]  # fmt: skip
+            assert found, params_json  # the sweep went down to a load that meets the limit
+            best = max(map(_synthetic, possible))
+            assert max(map(_synthetic, found)) >= 0.95 * best, params_json
+
+
+LIMIT_MS = 60.0

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
+from analyzer.cpulist import CpuListError, parse_cpu_list
 from analyzer.errors import AnalyzerError
-from analyzer.launch.cpus import CpuListError, parse_cpu_list
 from analyzer.results.metrics import DIRECTIONS
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import socket
 import struct
@@ -92,15 +93,28 @@ class Records:
 _COLUMNS = ("start", "end", "send", "recv", "sched", "ok", "slot")
 
 
-def send_message(sock: socket.socket, message: object) -> None:
+# The parent and its shards exchange pickled messages, each behind its length (8 bytes, little
+# endian): written by frame(), read by recv_message (blocking socket) or read_message (asyncio).
+_LENGTH = struct.Struct("<Q")
+
+
+def frame(message: object) -> bytes:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(struct.pack("<Q", len(data)) + data)
+    return _LENGTH.pack(len(data)) + data
+
+
+def send_message(sock: socket.socket, message: object) -> None:
+    sock.sendall(frame(message))
 
 
 def recv_message(sock: socket.socket) -> object:
-    header = _recv_exact(sock, 8)
-    (size,) = struct.unpack("<Q", header)
+    (size,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))
     return pickle.loads(_recv_exact(sock, size))
+
+
+async def read_message(reader: asyncio.StreamReader) -> object:
+    (size,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    return pickle.loads(await reader.readexactly(size))
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:

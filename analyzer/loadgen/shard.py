@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pickle
 import random
 import resource
 import socket
-import struct
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ import numpy as np
 
 from analyzer.loadgen import grpc_client
 from analyzer.loadgen.grpc_client import GrpcConnection
-from analyzer.loadgen.records import recv_message, send_message
+from analyzer.loadgen.records import frame, read_message, recv_message, send_message
 
 now_ns = time.monotonic_ns
 
@@ -104,49 +103,37 @@ class _HttpConnection(asyncio.Protocol):
         return self.waiter
 
 
-class Shard:
-    """Keeps the asked load running and records every finished request."""
+class _Transport(ABC):
+    """How a shard sends one request and records it: one class per protocol (as control.py has
+    one per protocol for the control calls)."""
 
-    def __init__(self, config: ShardConfig) -> None:
-        self.config = config
-        self.loop = asyncio.get_running_loop()
-        self.payloads = config.payloads
-        self.next_payload = 0
-        self.generation = 0  # bumped on every load change; loops of older generations end
-        self.concurrency = 0
-        self.outstanding = 0
-        self.max_outstanding_seen = 0
-        self.sent = 0
-        self.waited_for_slot = 0
-        self.errors: Counter[str] = Counter()
-        self._reset_columns()
-        self.idle: list[_HttpConnection] = []
-        self.connections = 0
-        self.slot_free = asyncio.Event()
-        self.grpc_connections: list[GrpcConnection] = []
-        self.grpc_reconnects: dict[int, asyncio.Task] = {}
-        self.grpc_next = 0
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self.config = shard.config
+        self.loop = shard.loop
+        self.opened = 0  # connections opened, reconnections included
 
-    def _reset_columns(self) -> None:
-        self.c_start: list[int] = []
-        self.c_end: list[int] = []
-        self.c_send: list[int] = []
-        self.c_recv: list[int] = []
-        self.c_sched: list[int] = []
-        self.c_ok: list[bool] = []
-        self.c_slot: list[int] = []
-
-    # ---- transports -------------------------------------------------------------------------
+    @abstractmethod
     async def open(self) -> None:
-        """Connect once before reporting ready, so a bad URL fails at start, not mid-measurement."""
-        if self.config.protocol == "grpc":
-            for _ in range(self.config.grpc_channels):
-                self.grpc_connections.append(await self._grpc_connect())
-        else:
-            self.idle.append(await self._connect())
+        """The first connection(s), before the shard reports ready."""
+
+    @abstractmethod
+    async def request(self, payload: bytes, sched: int, slot: int) -> None:
+        """Send one request, wait for its answer and record it on the shard."""
+
+
+class _HttpTransport(_Transport):
+    """Keep-alive HTTP/1.1 connections, one request at a time on each; idle ones are reused."""
+
+    def __init__(self, shard: Shard) -> None:
+        super().__init__(shard)
+        self.idle: list[_HttpConnection] = []
+
+    async def open(self) -> None:
+        self.idle.append(await self._connect())
 
     async def _connect(self) -> _HttpConnection:
-        self.connections += 1
+        self.opened += 1
         _, conn = await self.loop.create_connection(
             lambda: _HttpConnection(self._lost), self.config.host, self.config.port
         )
@@ -156,12 +143,7 @@ class Shard:
         if conn in self.idle:
             self.idle.remove(conn)
 
-    def _payload(self) -> bytes:
-        payload = self.payloads[self.next_payload]
-        self.next_payload = (self.next_payload + 1) % len(self.payloads)
-        return payload
-
-    async def _http_request(self, payload: bytes, sched: int, slot: int) -> None:
+    async def request(self, payload: bytes, sched: int, slot: int) -> None:
         conn = self.idle.pop() if self.idle else None
         start = now_ns()
         try:
@@ -183,70 +165,134 @@ class Shard:
             end = now_ns()
             ok = status == 200
             if not ok:
-                self.errors[_http_error(status, conn.body)] += 1
+                self.shard.errors[_http_error(status, conn.body)] += 1
             recv = end - conn.first_byte if conn.first_byte else 0
         except (OSError, httptools.HttpParserError) as exc:
             end = now_ns()
             sent, recv, ok = end, 0, False
-            self.errors[f"HTTP request failed: {exc}"] += 1
+            self.shard.errors[f"HTTP request failed: {exc}"] += 1
         if conn is not None and conn.reusable and not conn.transport.is_closing():
             self.idle.append(conn)
         elif conn is not None and conn.transport is not None:
             conn.transport.close()
-        self._record(start, end, sent - start, recv, sched, ok, slot)
+        self.shard.record(start, end, sent - start, recv, sched, ok, slot)
 
-    async def _grpc_connect(self) -> GrpcConnection:
-        self.connections += 1
+
+class _GrpcTransport(_Transport):
+    """gRPC calls multiplexed over a few HTTP/2 connections, round robin."""
+
+    def __init__(self, shard: Shard) -> None:
+        super().__init__(shard)
+        self.connections: list[GrpcConnection] = []
+        self.reconnects: dict[int, asyncio.Task] = {}
+        self.next = 0
+
+    async def open(self) -> None:
+        for _ in range(self.config.grpc_channels):
+            self.connections.append(await self._connect())
+
+    async def _connect(self) -> GrpcConnection:
+        self.opened += 1
         return await grpc_client.connect(self.config.host, self.config.port, now_ns)
 
-    async def _grpc_conn(self, index: int) -> GrpcConnection:
+    async def _conn(self, index: int) -> GrpcConnection:
         """The index-th connection, reopened once (one attempt shared by every call waiting on
         it) when it was lost or the server said GOAWAY (callers check `usable` first: the usual
         case costs no coroutine)."""
-        conn = self.grpc_connections[index]
+        conn = self.connections[index]
         if conn.usable:
             return conn
-        pending = self.grpc_reconnects.get(index)
+        pending = self.reconnects.get(index)
         if pending is None:
             conn.close()
-            pending = self.loop.create_task(self._grpc_connect())
-            self.grpc_reconnects[index] = pending
+            pending = self.loop.create_task(self._connect())
+            self.reconnects[index] = pending
             pending.add_done_callback(lambda task: self._reconnected(index, task))
         return await asyncio.shield(pending)
 
     def _reconnected(self, index: int, task: asyncio.Task) -> None:
-        self.grpc_reconnects.pop(index, None)
+        self.reconnects.pop(index, None)
         if not task.cancelled() and task.exception() is None:
-            self.grpc_connections[index] = task.result()
+            self.connections[index] = task.result()
 
-    async def _grpc_request(self, payload: bytes, sched: int, slot: int) -> None:
-        index = self.grpc_next
-        self.grpc_next = (index + 1) % len(self.grpc_connections)
+    async def request(self, payload: bytes, sched: int, slot: int) -> None:
+        index = self.next
+        self.next = (index + 1) % len(self.connections)
         start = now_ns()
         sent = start
         first_byte = 0
         try:
-            conn = self.grpc_connections[index]
+            conn = self.connections[index]
             if not conn.usable:
-                conn = await self._grpc_conn(index)
+                conn = await self._conn(index)
             try:
                 call = await conn.start(payload)
             except grpc_client.Unsent:  # the server never processed it: send it once more
-                conn = await self._grpc_conn(index)
+                conn = await self._conn(index)
                 call = await conn.start(payload)
             sent, first_byte = call.sent or start, call.first_byte
             ok = True
         except grpc_client.GrpcCallError as exc:
             ok = False
-            self.errors[str(exc)] += 1
+            self.shard.errors[str(exc)] += 1
         except (TimeoutError, OSError) as exc:
             ok = False
-            self.errors[f"gRPC request failed: {exc}"] += 1
+            self.shard.errors[f"gRPC request failed: {exc}"] += 1
         end = now_ns()
         recv = end - first_byte if ok and first_byte else 0
-        self._record(start, end, sent - start, recv, sched, ok, slot)
+        self.shard.record(start, end, sent - start, recv, sched, ok, slot)
 
-    def _record(
+
+class Shard:
+    """Keeps the asked load running and records every finished request."""
+
+    def __init__(self, config: ShardConfig) -> None:
+        self.config = config
+        self.loop = asyncio.get_running_loop()
+        self.payloads = config.payloads
+        self.next_payload = 0
+        self.generation = 0  # bumped on every load change; loops of older generations end
+        self.concurrency = 0
+        self.outstanding = 0
+        self.max_outstanding_seen = 0
+        self.sent = 0
+        self.waited_for_slot = 0
+        self.errors: Counter[str] = Counter()
+        self._reset_columns()
+        self.slot_free = asyncio.Event()
+        transport = _GrpcTransport if config.protocol == "grpc" else _HttpTransport
+        self.transport: _Transport = transport(self)
+
+    def _reset_columns(self) -> None:
+        self.c_start: list[int] = []
+        self.c_end: list[int] = []
+        self.c_send: list[int] = []
+        self.c_recv: list[int] = []
+        self.c_sched: list[int] = []
+        self.c_ok: list[bool] = []
+        self.c_slot: list[int] = []
+
+    # ---- requests ---------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Connect once before reporting ready, so a bad URL fails at start, not mid-measurement."""
+        await self.transport.open()
+
+    @property
+    def idle(self) -> list[_HttpConnection]:
+        """HTTP's idle keep-alive connections (none for gRPC)."""
+        return self.transport.idle if isinstance(self.transport, _HttpTransport) else []
+
+    @property
+    def connections(self) -> int:
+        """Connections opened so far, reconnections included."""
+        return self.transport.opened
+
+    def _payload(self) -> bytes:
+        payload = self.payloads[self.next_payload]
+        self.next_payload = (self.next_payload + 1) % len(self.payloads)
+        return payload
+
+    def record(
         self, start: int, end: int, send: int, recv: int, sched: int, ok: bool, slot: int
     ) -> None:
         self.c_start.append(start)
@@ -263,10 +309,7 @@ class Shard:
         self.outstanding += 1
         self.max_outstanding_seen = max(self.max_outstanding_seen, self.outstanding)
         try:
-            if self.config.protocol == "grpc":
-                await self._grpc_request(self._payload(), sched, slot)
-            else:
-                await self._http_request(self._payload(), sched, slot)
+            await self.transport.request(self._payload(), sched, slot)
         finally:
             self.outstanding -= 1
             self.slot_free.set()
@@ -390,9 +433,7 @@ async def _serve(sock: socket.socket) -> None:
 async def _commands(sock: socket.socket, shard: Shard, loop) -> None:
     reader, writer = await asyncio.open_connection(sock=sock)
     while True:
-        header = await reader.readexactly(8)
-        body = await reader.readexactly(int.from_bytes(header, "little"))
-        command = pickle.loads(body)
+        command = await read_message(reader)
         kind = command[0]
         if kind == "concurrency":
             shard.set_concurrency(int(command[1]))
@@ -418,8 +459,7 @@ async def _commands(sock: socket.socket, shard: Shard, loop) -> None:
 
 
 def _write(writer: asyncio.StreamWriter, message: object) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(struct.pack("<Q", len(data)) + data)
+    writer.write(frame(message))
 
 
 def main(argv: list[str]) -> int:

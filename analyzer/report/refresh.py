@@ -15,6 +15,7 @@ from typing import Any
 
 from analyzer.config.profile_config import storage_from_environment
 from analyzer.report.exports import write_csvs, write_results
+from analyzer.results.measurement import from_shared
 from analyzer.results.outcome import ModelOutcome, outcome_from_document
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
 from analyzer.search.ledger import StudyStorageError, load_points, redact_url, unmerged
@@ -47,7 +48,7 @@ def merge_points(model: ModelOutcome) -> int:
             )  # fmt: skip
             model.results.append(result)
             by_params[t.params_json] = result
-        result.measurements.append(point.to_measurement(result.name))
+        result.measurements.append(from_shared(point, result.name))
         added += 1
     return added
 

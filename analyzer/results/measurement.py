@@ -7,10 +7,13 @@ constraints name the same things the CSV columns show.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.loadgen.measure import PerfPoint
 from analyzer.results.metrics import point_metrics
+
+if TYPE_CHECKING:
+    from analyzer.search.ledger import SharedPoint
 
 
 @dataclass
@@ -42,6 +45,15 @@ class Measurement:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Measurement:
         return Measurement(**data)
+
+
+def from_shared(point: SharedPoint, config_name: str) -> Measurement:
+    """A point another process of a shared study measured, as a measurement of `config_name`
+    (this run's name for its config)."""
+    measurement = Measurement.from_dict(point.measurement)
+    measurement.config_name = config_name
+    measurement.host = measurement.host or point.host
+    return measurement
 
 
 def from_point(

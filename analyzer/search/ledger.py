@@ -34,7 +34,6 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import make_url
 
 from analyzer.errors import AnalyzerError
-from analyzer.results.measurement import Measurement
 from analyzer.search.base import Outcome, SearchPoint
 
 HEARTBEAT_S = 5
@@ -160,13 +159,6 @@ class SharedPoint:
     measurement: dict[str, Any]
     config: dict[str, Any]
     host: str
-
-    def to_measurement(self, config_name: str) -> Measurement:
-        """The point as a measurement of `config_name`, this run's name for its config."""
-        measurement = Measurement.from_dict(self.measurement)
-        measurement.config_name = config_name
-        measurement.host = measurement.host or self.host
-        return measurement
 
 
 def unmerged(points: Iterable[SharedPoint], results: Mapping[str, Any]) -> Iterator[SharedPoint]:

@@ -33,7 +33,7 @@ from analyzer.search.ledger import (
     outcome_of,
     study_point_id,
 )
-from analyzer.search.quick import QuickSearch
+from analyzer.search.quick import QuickSearch, score_of
 from analyzer.search.space import SearchSpace
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random")
@@ -235,6 +235,44 @@ class OptunaSearch(QuickSearch):
                 since_best += 1
         self.phase = "sweeps"
         yield from self._final_sweeps()
+
+    def _final_sweeps(self) -> Generator[SearchPoint, None, None]:
+        """Each chosen config's best load, found outward from the best level its trials measured
+        (the study already sampled loads): up while a level beats the best throughput so far by
+        the plateau gain and still meets the constraints, then down while a level meeting them
+        stays within that gain of the best (a latency constraint may put the best load lower).
+        Quick mode's ascending sweeps from concurrency 1 measured about twice as many points for
+        the same best loads; fixed concurrency values are all measured, as asked."""
+        if self.limits.concurrency:
+            yield from super()._final_sweeps()
+            return
+        gain = self.space.concurrency.plateau_min_gain
+        for params_json in self._chosen():
+            known = {t.value: o for t, o in self.asked.items() if o.ok
+                     and t.params_json == params_json and t.batch_size == self.batch
+                     and t.value in self.levels}  # fmt: skip
+            start = (self.levels.index(max(known, key=lambda v: score_of(known[v]))) if known
+                     else self._start().concurrency_index)  # fmt: skip
+            top: float | None = None  # the best throughput of a point meeting the constraints
+            for index in range(start, len(self.levels)):  # up
+                outcome = yield from self._measure(self._trial_at(params_json, index))
+                if not outcome.ok or not outcome.satisfies_constraints:
+                    break  # more load only adds latency
+                better = top is None or outcome.throughput > top * (1.0 + gain)
+                top = max(top or 0.0, outcome.throughput)
+                if not better:
+                    break
+            for index in range(start - 1, -1, -1):  # down
+                outcome = yield from self._measure(self._trial_at(params_json, index))
+                if not outcome.ok:
+                    break
+                if outcome.satisfies_constraints:
+                    if top is not None and outcome.throughput < top * (1.0 - gain):
+                        break  # falling: less load only lowers it further
+                    top = max(top or 0.0, outcome.throughput)
+
+    def _trial_at(self, params_json: str, index: int) -> SearchPoint:
+        return SearchPoint(params_json, "concurrency", self.levels[index], self.batch)
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> float | None:
         if not outcome.ok:

@@ -52,7 +52,7 @@ class QuickSearch(WalkStrategy):
     def _told(self, trial: SearchPoint, outcome: Outcome) -> None:
         self.asked[trial] = outcome
         if outcome.ok:
-            score = _score(outcome)
+            score = score_of(outcome)
             key = trial.params_json
             self.best_by_config[key] = max(self.best_by_config.get(key, score), score)
 
@@ -106,7 +106,7 @@ class QuickSearch(WalkStrategy):
     def _evaluate(self, state: State) -> Generator[SearchPoint, None, float | None]:
         outcome = yield from self._measure(
             self._trial(self._params(state), self.levels[state.concurrency_index]))
-        return _score(outcome) if outcome.ok else None
+        return score_of(outcome) if outcome.ok else None
 
     def _walk(self) -> Generator[SearchPoint, None, None]:
         # the model's own config first, over the concurrency levels around MA's formula
@@ -124,13 +124,17 @@ class QuickSearch(WalkStrategy):
             current, current_score = best, best_score
         yield from self._final_sweeps()
 
-    def _final_sweeps(self) -> Generator[SearchPoint, None, None]:
+    def _chosen(self) -> list[str]:
+        """The configs whose load is swept at the end: the best few, and the default."""
         ranked = sorted(self.best_by_config, key=self.best_by_config.__getitem__, reverse=True)
         chosen = ranked[: self.top_configs]
         if "{}" not in chosen:
             chosen.append("{}")  # the default config gets its sweep too: the baseline
+        return chosen
+
+    def _final_sweeps(self) -> Generator[SearchPoint, None, None]:
         sweep = self.space.concurrency
-        for params_json in chosen:
+        for params_json in self._chosen():
             seen: list[float] = []
             for level in self.levels:
                 trial = SearchPoint(params_json, "concurrency", level, self.batch)
@@ -144,7 +148,7 @@ class QuickSearch(WalkStrategy):
                     break
 
 
-def _score(outcome: Outcome) -> float:
+def score_of(outcome: Outcome) -> float:
     """The profiler's objective score when it sent one; throughput otherwise. A point that breaks
     a constraint ranks below every point that meets them."""
     score = outcome.objective
