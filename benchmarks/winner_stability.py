@@ -21,7 +21,9 @@ over several sittings; delete DIR to start over):
    Configs whose 95% interval (t, over the rounds) reaches the best's mean are listed as tied.
 3. **Report.** Per model and mode: how many runs recommend a config within 5% of the true best by
    the reference (goal >= 9 of 10), and the spread of the winner throughput the runs reported
-   (coefficient of variation and (max - min) / median; goal <= 5%).
+   (coefficient of variation and (max - min) / median; goal <= 5%), and of the winner's gain
+   over the default that each run's final comparison measured side by side (paired rounds, so
+   the machine's drift between runs cancels).
 4. **perf_analyzer's view** (issue 16's acceptance): the first three quick winners and the
    default config, served by one worker and measured side by side by NVIDIA perf_analyzer in
    `--perf-analyzer-rounds` rotating rounds: are the winners within 5% of each other, and is the
@@ -94,6 +96,9 @@ def search(model: str, mode: str, seed: int, work: Path) -> dict:
         "winner_throughput": best["best"]["metrics"]["perf_throughput"],
         "winner_load": best["best"]["value"],
         "rounds_note": comparison.get("rounds_note", ""),
+        # the recommendation's gain over the default, measured side by side in the same minutes
+        # (paired final rounds): free of the drift between runs that moves raw throughput
+        "vs_default": (comparison.get("throughput_vs_default") or {}).get("estimate"),
         "configs": [{"key": {k: c["description"][k] for k in KEY},
                      "config_pbtxt": c["description"]["config_pbtxt"], "name": c["name"],
                      "default": c["name"].endswith("_config_default"),
@@ -101,6 +106,8 @@ def search(model: str, mode: str, seed: int, work: Path) -> dict:
     }  # fmt: skip
     done.parent.mkdir(parents=True, exist_ok=True)
     done.write_text(json.dumps(summary, indent=1))
+    shutil.copy(export / "results" / "profile_results.json",
+                done.with_name(done.stem + ".results.json"))  # the whole run, beside its summary
     shutil.rmtree(export, ignore_errors=True)  # made by this script: the summary is kept
     return summary
 
@@ -228,8 +235,9 @@ def report(model: str, runs: list[dict], ref: dict[str, list[float]]) -> None:
         print(f"    {means[text] / best:6.3f}  {means[text]:7.0f} infer/s +/- "
               f"{half_width(ref[text]) / means[text]:5.1%}  {text}")
     print("| mode | runs | within 5% of the true best | points (median) | winner throughput "
-          "reported: median | CV | (max-min)/median | winners (reference / best) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "reported: median | CV | (max-min)/median | winner / default, paired: median (CV) | "
+          "winners (reference / best) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for mode in ("brute", "quick", "optuna"):
         mine = [r for r in runs if r["mode"] == mode]
         if not mine:
@@ -244,8 +252,11 @@ def report(model: str, runs: list[dict], ref: dict[str, list[float]]) -> None:
         med = statistics.median(reported)
         cv = statistics.stdev(reported) / statistics.mean(reported) if len(reported) > 1 else 0
         points = statistics.median(r["measured"] for r in mine)
+        gains = [r["vs_default"] for r in mine if r.get("vs_default")]
+        gain_cv = (statistics.stdev(gains) / statistics.mean(gains)) if len(gains) > 1 else 0.0
+        gain = f"{statistics.median(gains):.3f} (CV {gain_cv:.1%})" if gains else "n/a"
         print(f"| {mode} | {len(mine)} | **{within} of {len(mine)}** | {points:.0f} | {med:.0f} | "
-              f"{cv:.1%} | {(max(reported) - min(reported)) / med:.1%} | "
+              f"{cv:.1%} | {(max(reported) - min(reported)) / med:.1%} | {gain} | "
               f"{', '.join(f'{s:.2f}' for s in shares)} |", flush=True)
 
 
