@@ -34,24 +34,26 @@ def _server(field: str, scale: float = _MS) -> Source:
     return lambda p: None if p.server is None else getattr(p.server, field) / scale
 
 
-def _gpu(field: str) -> Source:
+def _monitor(monitor: str, field: str) -> Source:
+    """A monitor's summary field, when that monitor had something to say for the point."""
+
     def get(p: PerfPoint) -> float | None:
-        gpu = p.monitors.get("gpu")
-        if gpu is None or not gpu.available or not gpu.gpus:
+        summary = p.monitors.get(monitor)
+        if summary is None or not summary.available:
             return None
-        return getattr(gpu, field)
+        if not (summary.gpus if monitor == "gpu" else summary.samples):
+            return None
+        return getattr(summary, field)
 
     return get
+
+
+def _gpu(field: str) -> Source:
+    return _monitor("gpu", field)
 
 
 def _cpu(field: str) -> Source:
-    def get(p: PerfPoint) -> float | None:
-        cpu = p.monitors.get("cpu")
-        if cpu is None or not cpu.available or not cpu.samples:
-            return None
-        return getattr(cpu, field)
-
-    return get
+    return _monitor("cpu", field)
 
 
 METRICS: tuple[Metric, ...] = (
