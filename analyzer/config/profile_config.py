@@ -1,7 +1,8 @@
 """`model-analyzer profile` settings: NVIDIA Model Analyzer's flag names, YAML keys and defaults.
 
-One table (FIELDS) drives the command line (`--kebab-case` flags), the YAML file (the same keys in
-snake_case) and validation, so a key can never be accepted in one place and refused in the other.
+One declaration per setting (config/settings.py, read here as FIELDS) drives the command line
+(`--kebab-case` flags), the YAML file (the same keys in snake_case) and validation, so a key can
+never be accepted in one place and refused in the other.
 Precedence: defaults < YAML (`-f config.yaml`) < command line. Every bad key or value becomes one
 ProfileConfigError that names the key (and the file) and the value.
 """
@@ -9,6 +10,8 @@ ProfileConfigError that names the key (and the file) and the value.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from analyzer.config.settings import Settings
 from analyzer.cpulist import CpuListError, parse_cpu_list
 from analyzer.errors import AnalyzerError
 from analyzer.results.metrics import DIRECTIONS
@@ -37,136 +41,17 @@ class Field:
     cli: bool = True  # objects (objectives, constraints, ...) are YAML-only, as in MA
 
 
-_LAUNCH_MODES = ("local", "docker", "remote")
-_SEARCH_MODES = ("brute", "quick", "optuna")
+def _field(f: dataclasses.Field) -> Field:
+    m = f.metadata
+    if m["kind"] == "object":  # YAML-only objects: None = not given, normalised by the loader
+        default = None
+    else:
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return Field(f.name, m["kind"], default, m["help"], m["flags"], m["choices"], m["cli"])
 
-FIELDS: tuple[Field, ...] = (
-    Field("config_file", "path", None, "YAML file with these settings in snake_case.", ("-f",)),
-    Field("model_repository", "path", None, "Triton model repository to profile.", ("-m",)),
-    Field("profile_models", "object", None,
-          "Models to profile: a comma-separated list (YAML: a list, or a mapping with per-model "
-          "parameters, model_config_parameters, constraints, objectives, perf_analyzer_flags)."),
-    Field("triton_launch_mode", "choice", "local", "How the serving worker runs.",
-          choices=_LAUNCH_MODES),
-    Field("output_model_repository_path", "path", "./output_models",
-          "Where every measured config is written as a ready-to-serve model folder."),
-    Field("override_output_model_repository", "bool", False,
-          "Replace an existing output model repository instead of refusing to."),
-    Field("export_path", "path", ".", "Folder for results/, checkpoints/ and logs/.", ("-e",)),
-    Field("checkpoint_directory", "path", None,
-          "Checkpoint folder (default EXPORT_PATH/checkpoints); rerunning resumes from it.",
-          ("-s",)),
-    Field("filename_model_inference", "str", "metrics-model-inference.csv", "CSV file name."),
-    Field("filename_model_gpu", "str", "metrics-model-gpu.csv", "CSV file name."),
-    Field("filename_server_only", "str", "metrics-server-only.csv", "CSV file name."),
-    Field("inference_output_fields", "strs", None, "Columns of the model inference CSV."),
-    Field("gpu_output_fields", "strs", None, "Columns of the model GPU CSV."),
-    Field("server_output_fields", "strs", None, "Columns of the server-only CSV."),
-    Field("run_config_search_mode", "choice", "brute", "Search strategy.", choices=_SEARCH_MODES),
-    Field("run_config_search_disable", "bool", False,
-          "Measure only the model's own config (and model_config_parameters, if given)."),
-    Field("run_config_search_min_concurrency", "int", 1, "Lowest concurrency of the sweep."),
-    Field("run_config_search_max_concurrency", "int", 1024, "Highest concurrency of the sweep."),
-    Field("run_config_search_min_request_rate", "int", 16, "Lowest request rate of the sweep."),
-    Field("run_config_search_max_request_rate", "int", 8192, "Highest request rate of the sweep."),
-    Field("run_config_search_min_model_batch_size", "int", 1, "Smallest max_batch_size tried."),
-    Field("run_config_search_max_model_batch_size", "int", 128, "Largest max_batch_size tried."),
-    Field("run_config_search_min_instance_count", "int", 1, "Fewest instances tried."),
-    Field("run_config_search_max_instance_count", "int", 5, "Most instances tried."),
-    Field("search_space", "path", None,
-          "Search space YAML (default: search_spaces/default.yaml)."),
-    Field("optuna_min_trials", "int", None,
-          "Fewest Optuna trials (points) per model. Default: scaled to the space, a tenth of "
-          "it within 10..20 (MA's fixed 20 is most of a small space's budget)."),
-    Field("optuna_max_trials", "int", 200, "Most Optuna trials (points) per model."),
-    Field("optuna_early_exit_threshold", "int", 10,
-          "Stop once the best has not improved for this many trials."),
-    Field("min_percentage_of_search_space", "float", 5.0,
-          "Fewest trials as a percentage of the space."),
-    Field("max_percentage_of_search_space", "float", 10.0,
-          "Most trials as a percentage of the space."),
-    Field("optuna_sampler", "choice", "tpe", "Optuna sampler.",
-          choices=("tpe", "gp", "nsga2", "random")),
-    Field("optuna_objectives", "strs", None,
-          "Multi-objective study over these tags (e.g. perf_throughput,perf_latency_p99); "
-          "default: one weighted objective."),
-    Field("storage", "str", None,
-          "Optuna storage URL (default: sqlite in the checkpoint folder; postgresql://... to "
-          "share one study between processes and hosts). Without this flag the URL is read from "
-          "the environment variable MODEL_ANALYZER_STORAGE, if set: a password given that way "
-          "does not appear in the process list. The URL is shown and stored without its "
-          "password."),
-    Field("study_name", "str", None, "Optuna study name (default: model-analyzer-<model>)."),
-    Field("concurrency", "ints", None, "Concurrency values to measure (no sweep).", ("-c",)),
-    Field("batch_sizes", "ints", [1], "Client batch sizes (default 1).", ("-b",)),
-    Field("request_rate", "ints", None, "Request rates to measure (no sweep)."),
-    Field("request_rate_search_enable", "bool", False, "Sweep request rates, not concurrency."),
-    Field("early_exit_enable", "bool", False,
-          "Also stop a sweep at the first point that breaks a latency constraint."),
-    Field("objectives", "object", None,
-          "Objectives with weights, e.g. {perf_throughput: 10, perf_latency_p99: 5}.", cli=False),
-    Field("constraints", "object", None,
-          "Limits, e.g. {perf_latency_p99: {max: 50}, perf_throughput: {min: 100}}.", cli=False),
-    Field("latency_budget", "float", None, "p99 latency limit in ms (a constraint)."),
-    Field("min_throughput", "float", None, "Throughput floor in infer/s (a constraint)."),
-    Field("num_configs_per_model", "int", 3, "Top configs per model kept in the ranking."),
-    Field("num_top_model_configs", "int", 0, "Top configs across all models (0: per model)."),
-    Field("final_rounds", "int", None,
-          "Rounds of the final comparison: after the search the top configs and the default are "
-          "measured again side by side, in this many interleaved rounds, and the ranking, the "
-          "intervals and the ties come from them (0: rank on the search's points). Default: "
-          "3-10, set by an A/A calibration of the default config at the start, within a "
-          "quarter of the search's time."),
-    Field("client_protocol", "choice", "grpc", "Protocol of the load generator.",
-          choices=("grpc", "http")),
-    Field("gpus", "strs", ["all"], "GPUs to use and monitor: 'all' or UUIDs/indices."),
-    Field("cpu_only", "bool", False, "Profile every model on CPU (KIND_CPU) even with a GPU."),
-    Field("monitoring_interval", "float", 0.1,
-          "Seconds between GPU/CPU samples (MA's default is 1.0; our windows are shorter).",
-          ("-i",)),
-    Field("perf_analyzer_flags", "object", None,
-          "Load-generator flags for every model (shape, input-data, measurement-interval, ...).",
-          cli=False),
-    Field("triton_server_flags", "object", None, "Extra flags for the worker.", cli=False),
-    Field("triton_http_endpoint", "str", "localhost:8000", "Server HTTP endpoint (remote mode)."),
-    Field("triton_grpc_endpoint", "str", "localhost:8001", "Server gRPC endpoint (remote mode)."),
-    Field("triton_metrics_url", "str", "http://localhost:8002/metrics",
-          "Server metrics URL (remote mode)."),
-    Field("triton_docker_image", "str", "model-analyzer-worker:latest",
-          "Image of the worker (docker mode; `make docker-image` builds it)."),
-    Field("triton_docker_mounts", "strs", None,
-          "Extra mounts for the worker container: host_path:container_path[:ro|rw], "
-          "comma-separated (docker mode)."),
-    Field("triton_docker_shm_size", "str", None,
-          "/dev/shm size of the worker container, e.g. 2g (docker mode; default 1g)."),
-    Field("triton_docker_labels", "mapping", None,
-          "Labels of the worker container: k=v,k2=v2 or a JSON object (docker mode)."),
-    Field("triton_docker_args", "mapping", None,
-          "More docker SDK host-config arguments for the worker container, as a JSON object "
-          "(e.g. {\"network_mode\": \"bridge\", \"cpuset_cpus\": \"1\"}; docker mode)."),
-    Field("measurement_mode", "choice", "adaptive",
-          "Load generator stopping rule (adaptive: confidence interval; perf_analyzer's "
-          "time_windows / count_windows).", choices=("adaptive", "time_windows", "count_windows")),
-    Field("measurement_interval", "int", 1000,
-          "Window in ms (time_windows; adaptive uses it as the minimum window)."),
-    Field("measurement_request_count", "int", 50, "Requests per window (count_windows)."),
-    Field("stability_percentage", "float", 10.0, "Stability band in percent."),
-    Field("max_trials", "int", 5,
-          "Most windows per point (a point that is not stable by then is kept, marked unstable)."),
-    Field("client_processes", "int", 0, "Load-generator processes (0: grow when saturated)."),
-    Field("server_startup_timeout", "float", 120.0, "Seconds to wait for the worker to start."),
-    Field("worker_cpus", "str", "",
-          "CPUs of the local or docker worker (taskset -c syntax, e.g. 1 or 2-7; all: not "
-          "pinned). Default on >= 2 cores: three quarters of the physical cores, the load "
-          "generator on the rest, so neither measures the other's CPU use."),
-    Field("client_cpus", "str", "",
-          "CPUs of the load generator (taskset -c syntax; all: not pinned). Default: the CPUs "
-          "the worker does not have; in remote mode, not pinned."),
-    Field("seed", "int", 0, "Seed for random input tensors."),
-    Field("shape", "multi", None,
-          "NAME:d1,d2 for an input with dynamic dims, every model (repeat the flag per input; "
-          "per model: perf_analyzer_flags: {shape: [...]})."),
-)
+
+# the loader's view of Settings (config/settings.py), where every setting is declared
+FIELDS: tuple[Field, ...] = tuple(_field(f) for f in dataclasses.fields(Settings))
 
 # MA keys that mean nothing here: accepted so an MA config file works, with a note saying why.
 IGNORED = {
@@ -222,31 +107,39 @@ class ModelSpec:
     triton_server_flags: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class ProfileConfig:
-    """The validated settings of one profile run (MA's names, snake_case)."""
+@dataclass(frozen=True)
+class ProfileConfig(Settings):
+    """The validated settings of one profile run (MA's names, snake_case), typed, with the models
+    to profile and the notes the loader has for the user."""
 
-    values: dict[str, Any]
-    models: list[ModelSpec]
+    models: list[ModelSpec] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("values", {})
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
+    @classmethod
+    def from_values(cls, values: dict[str, Any], models: list[ModelSpec] | None = None,
+                    notes: list[str] | None = None) -> ProfileConfig:  # fmt: skip
+        """From validated values (or a results file's settings: keys it does not know of are
+        left out, and settings it lacks keep their defaults)."""
+        known = {f.name for f in dataclasses.fields(Settings)}
+        return cls(**{k: v for k, v in values.items() if k in known},
+                   models=list(models or []), notes=list(notes or []))  # fmt: skip
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The settings by name (the results file stores them)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Settings)}
 
     @property
     def export(self) -> Path:
-        return Path(self.values["export_path"])
+        return Path(self.export_path)
 
     @property
     def checkpoints(self) -> Path:
-        return Path(self.values["checkpoint_directory"])
+        return Path(str(self.checkpoint_directory))
 
     @property
     def output_repository(self) -> Path:
-        return Path(self.values["output_model_repository_path"])
+        return Path(self.output_model_repository_path)
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -563,7 +456,7 @@ def load_profile_config(argv: list[str], cwd: Path | None = None) -> ProfileConf
         if f.name in raw:
             values[f.name] = _convert(f, raw[f.name], sources[f.name])
         else:
-            values[f.name] = f.default
+            values[f.name] = copy.deepcopy(f.default)  # a list or dict of this run alone
     for key in ("objectives", "constraints", "perf_analyzer_flags", "triton_server_flags"):
         src = sources.get(key, "defaults")
         if key == "objectives":
@@ -594,7 +487,7 @@ def load_profile_config(argv: list[str], cwd: Path | None = None) -> ProfileConf
     models = _model_specs(
         raw.get("profile_models"), values, sources.get("profile_models", where), notes
     )
-    return ProfileConfig(values, models, notes)
+    return ProfileConfig.from_values(values, models, notes)
 
 
 STORAGE_VARIABLE = "MODEL_ANALYZER_STORAGE"

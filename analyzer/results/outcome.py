@@ -47,7 +47,7 @@ class ProfileOutcome:
 
 def outcome_from_document(document: dict[str, Any]) -> ProfileOutcome:
     """The run a results file describes, as the objects the exports are written from."""
-    config = ProfileConfig(values=document["settings"], models=[])
+    config = ProfileConfig.from_values(document["settings"])
     models = []
     for m in document["models"]:
         spec = ModelSpec(name=m["name"], objectives=m["objectives"], constraints=m["constraints"])
