@@ -29,6 +29,10 @@ over several sittings; delete DIR to start over):
    `--perf-analyzer-rounds` rotating rounds: are the winners within 5% of each other, and is the
    best of them at least the default?
 
+The runs of 2026-11-24 (tiny_cnn: 1 brute, 10 quick, 10 optuna, the reference) are kept in
+benchmarks/results/winner_stability: `--work benchmarks/results/winner_stability` reports them
+again, and goes on with what is missing (cost_model, more brute runs) without repeating them.
+
 As BENCHMARKING.md asks, the worker and the load generator run on separate cores (the product's
 default placement on this 2-core machine: load generator CPU 0, worker CPU 1).
 """
