@@ -20,6 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python examples/build_examples.py
 	$(BIN)/ruff check analyzer tests benchmarks examples
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
@@ -30,6 +31,7 @@ docker-image: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check analyzer tests benchmarks examples
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV)

@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2
 
 from analyzer.errors import AnalyzerError
 
-ModelConfig = model_config_pb2.ModelConfig
+ModelConfig: Any = model_config_pb2.ModelConfig  # generated protobuf class (no stubs)
 
 _INT64_TYPES = {
     descriptor.FieldDescriptor.TYPE_INT64,

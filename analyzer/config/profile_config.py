@@ -14,9 +14,10 @@ import copy
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -41,12 +42,12 @@ class Field:
     cli: bool = True  # objects (objectives, constraints, ...) are YAML-only, as in MA
 
 
-def _field(f: dataclasses.Field) -> Field:
+def _field(f: dataclasses.Field[Any]) -> Field:
     m = f.metadata
     if m["kind"] == "object":  # YAML-only objects: None = not given, normalised by the loader
         default = None
     else:
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
     return Field(f.name, m["kind"], default, m["help"], m["flags"], m["choices"], m["cli"])
 
 
@@ -173,7 +174,7 @@ def parse_cli(argv: list[str]) -> dict[str, Any]:
     """Flags given on the command line, as raw strings (validated with the YAML values)."""
 
     class _Parser(argparse.ArgumentParser):
-        def error(self, message: str):  # one sentence instead of usage + exit 2
+        def error(self, message: str) -> NoReturn:  # one sentence, not usage + exit 2
             raise ProfileConfigError(f"command line: {message}")
 
     parser = argument_parser()
@@ -231,7 +232,7 @@ def _convert(f: Field, value: Any, where: str) -> Any:
     return value  # objects are validated where they are interpreted
 
 
-def _as_mapping(value: Any, bad) -> dict[str, Any]:
+def _as_mapping(value: Any, bad: Callable[[str], ProfileConfigError]) -> dict[str, Any]:
     """A YAML mapping, or on the command line a JSON object or k=v,k2=v2."""
     if isinstance(value, dict):
         return {str(k): v for k, v in value.items()}
@@ -255,7 +256,7 @@ def _as_mapping(value: Any, bad) -> dict[str, Any]:
     return out
 
 
-def _as_list(name: str, value: Any, kind: type, where: str) -> list:
+def _as_list(name: str, value: Any, kind: type, where: str) -> list[Any]:
     """MA list syntax: a list, a comma-separated string, one value, or {start, stop, step}."""
     if isinstance(value, dict):
         try:
@@ -271,7 +272,7 @@ def _as_list(name: str, value: Any, kind: type, where: str) -> list:
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list):
         items = [items]
-    out = []
+    out: list[Any] = []
     for item in items:
         text = str(item).strip()
         if kind is int:

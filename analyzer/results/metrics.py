@@ -43,7 +43,8 @@ def _monitor(monitor: str, field: str) -> Source:
             return None
         if not (summary.gpus if monitor == "gpu" else summary.samples):
             return None
-        return getattr(summary, field)
+        value: float | None = getattr(summary, field)
+        return value
 
     return get
 

@@ -35,7 +35,8 @@ class SearchPoint:
 
     @property
     def params(self) -> dict[str, Any]:
-        return json.loads(self.params_json)
+        params: dict[str, Any] = json.loads(self.params_json)
+        return params
 
 
 @dataclass

@@ -98,9 +98,9 @@ def url_secrets(url: str | None) -> list[str]:
     found: set[str] = set()
     for match in _PASSWORD_PARAM.finditer(url):
         found.add(match.group(2))
-    match = _USERINFO.match(url)
-    if match:
-        found.add(match.group(2))
+    userinfo = _USERINFO.match(url)
+    if userinfo:
+        found.add(userinfo.group(2))
     try:
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 - the patterns above found what a loose URL holds

@@ -91,7 +91,7 @@ class OptunaSearch(QuickSearch):
             storage=storage,
             study_name=settings.study_name,
             sampler=_sampler(settings.sampler, settings.seed, multi),
-            directions=directions or ["maximize"],
+            directions=directions or ["maximize"],  # type: ignore[arg-type]
             load_if_exists=True,
         )
         size = len(self.counts) * max(1, len(self.sizes)) * len(self.delays) * len(self.levels)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any
 
 from analyzer.search.base import Outcome, SearchLimits, SearchPoint, WalkStrategy
 from analyzer.search.space import SearchSpace
@@ -57,7 +58,7 @@ class QuickSearch(WalkStrategy):
             self.best_by_config[key] = max(self.best_by_config.get(key, score), score)
 
     # ---- the walk ------------------------------------------------------------------------------
-    def _params(self, state: State) -> dict:
+    def _params(self, state: State) -> dict[str, Any]:
         if self.limits.own_max_batch_size <= 0:
             return {"instance_count": state.instances}
         mbs = self.sizes[state.batch_index]
@@ -65,7 +66,7 @@ class QuickSearch(WalkStrategy):
         return {"instance_count": state.instances, "max_batch_size": mbs,
                 "max_queue_delay_microseconds": delay}  # fmt: skip
 
-    def _trial(self, params: dict, concurrency: int) -> SearchPoint:
+    def _trial(self, params: dict[str, Any], concurrency: int) -> SearchPoint:
         return SearchPoint.make(params, "concurrency", concurrency, self.batch)
 
     def _measure(self, trial: SearchPoint) -> Generator[SearchPoint, None, Outcome]:

@@ -70,7 +70,7 @@ _SWEEP_KEYS = {"scale", "step", "plateau_window", "plateau_min_gain",
                "stop_when_not_better_than_all_smaller"}  # fmt: skip
 
 
-def _sweep(data: Any, key: str, source: str, default: Sweep) -> tuple[Sweep, dict]:
+def _sweep(data: Any, key: str, source: str, default: Sweep) -> tuple[Sweep, dict[str, Any]]:
     if data is None:
         return default, {}
     if not isinstance(data, dict) or set(data) - _SWEEP_KEYS:
