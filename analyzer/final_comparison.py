@@ -26,7 +26,7 @@ from analyzer.results.finals import (
     Comparison,
     affordable_rounds,
     calibrate,
-    cost_key,
+    cheapest,
     mark_ties,
     ratio_interval,
     round_orders,
@@ -164,15 +164,16 @@ def run_final_comparison(
     leader = max(meeting, key=lambda n: by_name[n].score)
     comparison.leader = leader
     comparison.tied = mark_ties({n: finals[n] for n in meeting}, leader, ranker.score)
-    cheapest = min(comparison.tied, key=lambda n: cost_key(by_name[n].description,
-                                                           finals[n].combined))  # fmt: skip
-    comparison.recommended = cheapest
-    if cheapest != leader:
-        comparison.why = _why(by_name[cheapest], by_name[leader])
+    chosen_name, reason = cheapest([(n, by_name[n].description, finals[n].combined)
+                                    for n in comparison.tied])  # fmt: skip
+    comparison.recommended = chosen_name
+    if chosen_name != leader:
+        comparison.why = (f"{chosen_name} is tied with {leader} within noise and is cheaper: "
+                          f"{reason}; it is recommended")  # fmt: skip
     default = model.default
-    if default is not None and default.name in finals and cheapest != default.name:
+    if default is not None and default.name in finals and chosen_name != default.name:
         comparison.vs_default = ratio_interval(
-            [m.metrics["perf_throughput"] for m in finals[cheapest].rounds],
+            [m.metrics["perf_throughput"] for m in finals[chosen_name].rounds],
             [m.metrics["perf_throughput"] for m in finals[default.name].rounds],
         )
 
@@ -210,21 +211,3 @@ def _unload_all(profiler: Profiler, names: set[str]) -> None:
             profiler.launcher.unload(name)
         except LaunchError:
             pass  # a worker that cannot unload is restarted by the next load if it died
-
-
-def _why(cheap: ConfigResult, leader: ConfigResult) -> str:
-    """One sentence: why the recommendation is not the config with the best mean."""
-    assert cheap.final is not None and leader.final is not None
-    a, b = cheap.description, leader.description
-    if a.get("instance_count") != b.get("instance_count"):
-        reason = f"fewer instances ({a.get('instance_count')} vs {b.get('instance_count')})"
-    elif a.get("max_batch_size") == b.get("max_batch_size"):
-        reason = "less memory"
-    else:
-        ka = cost_key(a, cheap.final.combined)
-        kb = cost_key(b, leader.final.combined)
-        reason = ("less memory" if ka[1] < kb[1] else
-                  f"a smaller max batch size ({a.get('max_batch_size')} vs "
-                  f"{b.get('max_batch_size')})")  # fmt: skip
-    return (f"{cheap.name} is tied with {leader.name} within noise and is cheaper: {reason}; "
-            f"it is recommended")  # fmt: skip

@@ -139,3 +139,24 @@ def test_the_calibration_sets_the_rounds_within_the_budget():
     assert rounds == 3 and "asks for 10 rounds" in note and "a quarter of the search" in note
     comparison = Comparison(4, ["a", "b"], calibration=noisy, rounds_note=note)
     assert Comparison.from_dict(comparison.to_dict()) == comparison
+
+
+def test_the_cheapest_of_the_tied_needs_a_real_saving_else_the_leader_stays():
+    from analyzer.results.finals import cheapest
+
+    one = {"instance_count": 1, "max_batch_size": 16}
+    two = {"instance_count": 2, "max_batch_size": 16}
+    leader = ("leader", one, point("leader", 1300.0, memory=291.0))
+    # same instances and batch size, 3 MB less RSS: noise, not a saving -> the leader stays
+    assert cheapest([leader, ("b", one, point("b", 960.0, memory=288.0))]) == ("leader", "")
+    # a real saving in memory wins
+    name, why = cheapest([leader, ("c", one, point("c", 1200.0, memory=200.0))])
+    assert name == "c" and why.startswith("less memory (200 vs 291 MB)")
+    # fewer instances come first, whatever the memory
+    name, why = cheapest([("leader", two, point("leader", 1300.0, memory=100.0)),
+                          ("d", one, point("d", 1250.0, memory=300.0))])  # fmt: skip
+    assert name == "d" and why == "fewer instances (1 vs 2)"
+    # then a smaller max batch size
+    small = {"instance_count": 1, "max_batch_size": 8}
+    name, why = cheapest([leader, ("e", small, point("e", 1250.0, memory=295.0))])
+    assert name == "e" and why == "a smaller max batch size (8 vs 16)"

@@ -143,13 +143,45 @@ def mark_ties(
     return tied
 
 
-def cost_key(description: dict[str, Any], m: Measurement) -> tuple[float, float, int]:
-    """Cheaper first: fewer instances, less memory (GPU, else host RAM), smaller max batch."""
+MEMORY_TOLERANCE = 0.10  # memory readings closer than this (relative) are the same cost
+
+
+def memory_of(m: Measurement) -> float:
+    """The point's memory: GPU memory where a GPU was read, else host RAM."""
     memory = m.metric("gpu_used_memory")
     if memory is None:
         memory = m.metric("cpu_used_ram") or 0.0
-    return (float(description.get("instance_count") or 0), float(memory),
-            int(description.get("max_batch_size") or 0))  # fmt: skip
+    return float(memory)
+
+
+def cheaper(a: tuple[dict[str, Any], Measurement], b: tuple[dict[str, Any], Measurement]) -> str:
+    """Why config a (description, point) costs less than b, or "" when it does not: fewer
+    instances; else less memory by more than MEMORY_TOLERANCE (a few MB of RSS is noise, not a
+    saving); else a smaller max batch size."""
+    (da, ma), (db, mb) = a, b
+    ia, ib = int(da.get("instance_count") or 0), int(db.get("instance_count") or 0)
+    if ia != ib:
+        return f"fewer instances ({ia} vs {ib})" if ia < ib else ""
+    mem_a, mem_b = memory_of(ma), memory_of(mb)
+    if abs(mem_a - mem_b) > MEMORY_TOLERANCE * max(mem_a, mem_b):
+        return f"less memory ({mem_a:.0f} vs {mem_b:.0f} MB)" if mem_a < mem_b else ""
+    sa, sb = int(da.get("max_batch_size") or 0), int(db.get("max_batch_size") or 0)
+    if sa < sb:
+        return f"a smaller max batch size ({sa} vs {sb})"
+    return ""
+
+
+def cheapest(tied: list[tuple[str, dict[str, Any], Measurement]]) -> tuple[str, str]:
+    """The name of the cheapest of the tied configs (leader first) and why it beats the leader
+    ("" when it is the leader): a config replaces the one chosen so far only when it is cheaper
+    by `cheaper`'s rule, so a tie in cost keeps the leader, the best mean."""
+    name, desc, point = tied[0]
+    why = ""
+    for other, other_desc, other_point in tied[1:]:
+        reason = cheaper((other_desc, other_point), (desc, point))
+        if reason:
+            name, desc, point, why = other, other_desc, other_point, reason
+    return name, why
 
 
 RESOLUTION = 0.05  # the throughput difference the rounds should resolve: 5%
