@@ -63,7 +63,6 @@ class LocalLauncher(Launcher):
         self.repository_key, self._key_env = new_repository_key()
         self.process: subprocess.Popen | None = None
         self.starts = 0
-        self._exit = ""
 
     def _choose_ports(self) -> None:
         self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
@@ -87,15 +86,17 @@ class LocalLauncher(Launcher):
 
     def start(self) -> None:
         for attempt in range(PORT_ATTEMPTS):
-            output = self._start_once()
-            if output is None:
+            exited = self._start_once()
+            if exited is None:
                 return
+            status, output = exited
             if PORT_TAKEN not in output or attempt == PORT_ATTEMPTS - 1:
-                raise LaunchError(self._start_failure(output))
+                raise LaunchError(self._start_failure(status, output))
             self._choose_ports()  # another process took a port between choice and bind
 
-    def _start_once(self) -> str | None:
-        """None when the worker is ready; its output since this start when it exited."""
+    def _start_once(self) -> tuple[str, str] | None:
+        """None when the worker is ready; (its exit status, its output since this start) when it
+        exited."""
         self.stop()  # a worker that died since: its group may still hold stubs
         with open_log(self.log_path) as log:
             log.write(f"--- start {self.starts + 1}: {' '.join(self.command())}\n".encode())
@@ -118,9 +119,9 @@ class LocalLauncher(Launcher):
             if "model-analyzer serve ready:" in text:
                 return None
             if self.process.poll() is not None:
-                self._exit = self.exit_status()
+                status = self.exit_status()
                 self.stop()
-                return self.log_path.read_bytes()[offset:].decode(errors="replace")
+                return status, self.log_path.read_bytes()[offset:].decode(errors="replace")
             if time.monotonic() > deadline:
                 self.stop()
                 raise LaunchError(
@@ -129,12 +130,12 @@ class LocalLauncher(Launcher):
                 )
             time.sleep(0.05)
 
-    def _start_failure(self, output: str) -> str:
+    def _start_failure(self, status: str, output: str) -> str:
         """One line that says why (the worker's last line), then its last lines for detail."""
         lines = [line for line in output.strip().splitlines() if line.strip()]
         reason = lines[-1].strip() if lines else "it printed nothing"
         detail = "\n".join(lines[-20:])
-        return (f"the worker exited at start ({self._exit}): {reason} (log: {self.log_path})"
+        return (f"the worker exited at start ({status}): {reason} (log: {self.log_path})"
                 + (f"\n{detail}" if len(lines) > 1 else ""))
 
     def _env(self) -> dict[str, str]:

@@ -34,14 +34,12 @@ def _server(field: str, scale: float = _MS) -> Source:
     return lambda p: None if p.server is None else getattr(p.server, field) / scale
 
 
-def _monitor(monitor: str, field: str) -> Source:
-    """A monitor's summary field, when that monitor had something to say for the point."""
+def _monitor(monitor: str, readings: str, field: str) -> Source:
+    """A monitor's summary field, when that monitor had readings (`readings`) for the point."""
 
     def get(p: PerfPoint) -> float | None:
         summary = p.monitors.get(monitor)
-        if summary is None or not summary.available:
-            return None
-        if not (summary.gpus if monitor == "gpu" else summary.samples):
+        if summary is None or not summary.available or not getattr(summary, readings):
             return None
         value: float | None = getattr(summary, field)
         return value
@@ -50,11 +48,11 @@ def _monitor(monitor: str, field: str) -> Source:
 
 
 def _gpu(field: str) -> Source:
-    return _monitor("gpu", field)
+    return _monitor("gpu", "gpus", field)
 
 
 def _cpu(field: str) -> Source:
-    return _monitor("cpu", field)
+    return _monitor("cpu", "samples", field)
 
 
 METRICS: tuple[Metric, ...] = (

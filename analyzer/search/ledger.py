@@ -251,7 +251,7 @@ class Ledger:
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # finished or failed meanwhile
 
-    def finish(self, claim: Claim, outcome: Outcome, config: dict[str, Any] | None) -> None:
+    def finish(self, claim: Claim, outcome: Outcome) -> None:
         """Store what the measurement of our claimed point gave, for every process."""
         ours = claim.trial
         assert ours is not None
@@ -266,7 +266,7 @@ class Ledger:
                 })  # fmt: skip
                 if outcome.measurement is not None:  # (a search without a profiler has none)
                     ours.set_user_attr("measurement", outcome.measurement)
-                    ours.set_user_attr("config", config or {})
+                    ours.set_user_attr("config", outcome.config or {})
                 self.study.tell(ours, outcome.throughput)
             else:
                 ours.set_user_attr("error", outcome.error or "failed")

@@ -185,7 +185,7 @@ class OptunaSearch(QuickSearch):
         super()._told(trial, outcome)
         claim = self._claims.pop(trial, None)
         if claim is not None:
-            self.ledger.finish(claim, outcome, outcome.config)
+            self.ledger.finish(claim, outcome)
 
     def shared_points(self) -> list[SharedPoint]:
         return self.ledger.points()
