@@ -20,8 +20,8 @@ import pytest
 from postgres import postgres_server
 from test_profile import EXAMPLES, FAST, profile, results
 
+from analyzer.commands.profile import _hide
 from analyzer.fsutil import LOCK, MARKER, atomic_write_bytes, atomic_write_text
-from analyzer.profile_main import _hide
 from analyzer.search.ledger import redact_url, url_secrets
 
 # add_sub, concurrency 1, small caps: the shortest real search

@@ -29,265 +29,143 @@ def setting(kind: str, default: Any = None, help: str = "", flags: tuple[str, ..
 class Settings:
     """Every profile setting, with MA's names and defaults (ours where MA has none)."""
 
-    config_file: str | None = setting(
-        "path", None,
-        "YAML file with these settings in snake_case.",
-        flags=("-f",)
-    )
-    model_repository: str | None = setting(
-        "path", None,
-        "Triton model repository to profile.",
-        flags=("-m",)
-    )
-    profile_models: Any = setting(
-        "object", None,
+    config_file: str | None = setting("path", None,
+        "YAML file with these settings in snake_case.", flags=("-f",))
+    model_repository: str | None = setting("path", None,
+        "Triton model repository to profile.", flags=("-m",))
+    profile_models: Any = setting("object", None,
         "Models to profile: a comma-separated list (YAML: a list, or a mapping with per-model "
-        "parameters, model_config_parameters, constraints, objectives, perf_analyzer_flags)."
-    )
-    triton_launch_mode: str = setting(
-        "choice", "local",
-        "How the serving worker runs.",
-        choices=("local", "docker", "remote")
-    )
-    output_model_repository_path: str = setting(
-        "path", "./output_models",
-        "Where every measured config is written as a ready-to-serve model folder."
-    )
-    override_output_model_repository: bool = setting(
-        "bool", False,
-        "Replace an existing output model repository instead of refusing to."
-    )
-    export_path: str = setting(
-        "path", ".",
-        "Folder for results/, checkpoints/ and logs/.",
-        flags=("-e",)
-    )
-    checkpoint_directory: str | None = setting(
-        "path", None,
+        "parameters, model_config_parameters, constraints, objectives, perf_analyzer_flags).")
+    triton_launch_mode: str = setting("choice", "local",
+        "How the serving worker runs.", choices=("local", "docker", "remote"))
+    output_model_repository_path: str = setting("path", "./output_models",
+        "Where every measured config is written as a ready-to-serve model folder.")
+    override_output_model_repository: bool = setting("bool", False,
+        "Replace an existing output model repository instead of refusing to.")
+    export_path: str = setting("path", ".",
+        "Folder for results/, checkpoints/ and logs/.", flags=("-e",))
+    checkpoint_directory: str | None = setting("path", None,
         "Checkpoint folder (default EXPORT_PATH/checkpoints); rerunning resumes from it.",
-        flags=("-s",)
-    )
+        flags=("-s",))
     filename_model_inference: str = setting("str", "metrics-model-inference.csv", "CSV file name.")
     filename_model_gpu: str = setting("str", "metrics-model-gpu.csv", "CSV file name.")
     filename_server_only: str = setting("str", "metrics-server-only.csv", "CSV file name.")
-    inference_output_fields: list[str] | None = setting(
-        "strs", None,
-        "Columns of the model inference CSV."
-    )
+    inference_output_fields: list[str] | None = setting("strs", None,
+        "Columns of the model inference CSV.")
     gpu_output_fields: list[str] | None = setting("strs", None, "Columns of the model GPU CSV.")
-    server_output_fields: list[str] | None = setting(
-        "strs", None,
-        "Columns of the server-only CSV."
-    )
-    run_config_search_mode: str = setting(
-        "choice", "brute",
-        "Search strategy.",
-        choices=("brute", "quick", "optuna")
-    )
-    run_config_search_disable: bool = setting(
-        "bool", False,
-        "Measure only the model's own config (and model_config_parameters, if given)."
-    )
-    run_config_search_min_concurrency: int = setting("int", 1, "Lowest concurrency of the sweep.")
-    run_config_search_max_concurrency: int = setting(
-        "int", 1024,
-        "Highest concurrency of the sweep."
-    )
-    run_config_search_min_request_rate: int = setting(
-        "int", 16,
-        "Lowest request rate of the sweep."
-    )
-    run_config_search_max_request_rate: int = setting(
-        "int", 8192,
-        "Highest request rate of the sweep."
-    )
-    run_config_search_min_model_batch_size: int = setting(
-        "int", 1,
-        "Smallest max_batch_size tried."
-    )
-    run_config_search_max_model_batch_size: int = setting(
-        "int", 128,
-        "Largest max_batch_size tried."
-    )
+    server_output_fields: list[str] | None = setting("strs", None,
+        "Columns of the server-only CSV.")
+    run_config_search_mode: str = setting("choice", "brute",
+        "Search strategy.", choices=("brute", "quick", "optuna"))
+    run_config_search_disable: bool = setting("bool", False,
+        "Measure only the model's own config (and model_config_parameters, if given).")
+    run_config_search_min_concurrency: int = setting("int", 1, "Lowest concurrency swept.")
+    run_config_search_max_concurrency: int = setting("int", 1024, "Highest concurrency swept.")
+    run_config_search_min_request_rate: int = setting("int", 16, "Lowest request rate swept.")
+    run_config_search_max_request_rate: int = setting("int", 8192, "Highest request rate swept.")
+    run_config_search_min_model_batch_size: int = setting("int", 1, "Smallest max_batch_size.")
+    run_config_search_max_model_batch_size: int = setting("int", 128, "Largest max_batch_size.")
     run_config_search_min_instance_count: int = setting("int", 1, "Fewest instances tried.")
     run_config_search_max_instance_count: int = setting("int", 5, "Most instances tried.")
-    search_space: str | None = setting(
-        "path", None,
-        "Search space YAML (default: search_spaces/default.yaml)."
-    )
-    optuna_min_trials: int | None = setting(
-        "int", None,
+    search_space: str | None = setting("path", None,
+        "Search space YAML (default: search_spaces/default.yaml).")
+    optuna_min_trials: int | None = setting("int", None,
         "Fewest Optuna trials (points) per model. Default: scaled to the space, a tenth of it "
-        "within 10..20 (MA's fixed 20 is most of a small space's budget)."
-    )
+        "within 10..20 (MA's fixed 20 is most of a small space's budget).")
     optuna_max_trials: int = setting("int", 200, "Most Optuna trials (points) per model.")
-    optuna_early_exit_threshold: int = setting(
-        "int", 10,
-        "Stop once the best has not improved for this many trials."
-    )
-    min_percentage_of_search_space: float = setting(
-        "float", 5.0,
-        "Fewest trials as a percentage of the space."
-    )
-    max_percentage_of_search_space: float = setting(
-        "float", 10.0,
-        "Most trials as a percentage of the space."
-    )
-    optuna_sampler: str = setting(
-        "choice", "tpe",
-        "Optuna sampler.",
-        choices=("tpe", "gp", "nsga2", "random")
-    )
-    optuna_objectives: list[str] | None = setting(
-        "strs", None,
+    optuna_early_exit_threshold: int = setting("int", 10,
+        "Stop once the best has not improved for this many trials.")
+    min_percentage_of_search_space: float = setting("float", 5.0,
+        "Fewest trials as a percentage of the space.")
+    max_percentage_of_search_space: float = setting("float", 10.0,
+        "Most trials as a percentage of the space.")
+    optuna_sampler: str = setting("choice", "tpe",
+        "Optuna sampler.", choices=("tpe", "gp", "nsga2", "random"))
+    optuna_objectives: list[str] | None = setting("strs", None,
         "Multi-objective study over these tags (e.g. perf_throughput,perf_latency_p99); default: "
-        "one weighted objective."
-    )
-    storage: str | None = setting(
-        "str", None,
+        "one weighted objective.")
+    storage: str | None = setting("str", None,
         "Optuna storage URL (default: sqlite in the checkpoint folder; postgresql://... to share "
         "one study between processes and hosts). Without this flag the URL is read from the "
         "environment variable MODEL_ANALYZER_STORAGE, if set: a password given that way does not "
-        "appear in the process list. The URL is shown and stored without its password."
-    )
-    study_name: str | None = setting(
-        "str", None,
-        "Optuna study name (default: model-analyzer-<model>)."
-    )
-    concurrency: list[int] | None = setting(
-        "ints", None,
-        "Concurrency values to measure (no sweep).",
-        flags=("-c",)
-    )
+        "appear in the process list. The URL is shown and stored without its password.")
+    study_name: str | None = setting("str", None,
+        "Optuna study name (default: model-analyzer-<model>).")
+    concurrency: list[int] | None = setting("ints", None,
+        "Concurrency values to measure (no sweep).", flags=("-c",))
     batch_sizes: list[int] = setting("ints", [1], "Client batch sizes (default 1).", flags=("-b",))
     request_rate: list[int] | None = setting("ints", None, "Request rates to measure (no sweep).")
-    request_rate_search_enable: bool = setting(
-        "bool", False,
-        "Sweep request rates, not concurrency."
-    )
-    early_exit_enable: bool = setting(
-        "bool", False,
-        "Also stop a sweep at the first point that breaks a latency constraint."
-    )
-    objectives: dict[str, float] = setting(
-        "object", {},
-        "Objectives with weights, e.g. {perf_throughput: 10, perf_latency_p99: 5}.",
-        cli=False
-    )
-    constraints: dict[str, dict[str, float]] = setting(
-        "object", {},
-        "Limits, e.g. {perf_latency_p99: {max: 50}, perf_throughput: {min: 100}}.",
-        cli=False
-    )
+    request_rate_search_enable: bool = setting("bool", False,
+        "Sweep request rates, not concurrency.")
+    early_exit_enable: bool = setting("bool", False,
+        "Also stop a sweep at the first point that breaks a latency constraint.")
+    objectives: dict[str, float] = setting("object", {},
+        "Objectives with weights, e.g. {perf_throughput: 10, perf_latency_p99: 5}.", cli=False)
+    constraints: dict[str, dict[str, float]] = setting("object", {},
+        "Limits, e.g. {perf_latency_p99: {max: 50}, perf_throughput: {min: 100}}.", cli=False)
     latency_budget: float | None = setting("float", None, "p99 latency limit in ms (a constraint).")
-    min_throughput: float | None = setting(
-        "float", None,
-        "Throughput floor in infer/s (a constraint)."
-    )
+    min_throughput: float | None = setting("float", None,
+        "Throughput floor in infer/s (a constraint).")
     num_configs_per_model: int = setting("int", 3, "Top configs per model kept in the ranking.")
     num_top_model_configs: int = setting("int", 0, "Top configs across all models (0: per model).")
-    final_rounds: int | None = setting(
-        "int", None,
+    final_rounds: int | None = setting("int", None,
         "Rounds of the final comparison: after the search the top configs and the default are "
         "measured again side by side, in this many interleaved rounds, and the ranking, the "
         "intervals and the ties come from them (0: rank on the search's points). Default: 3-10, "
         "set by an A/A calibration of the default config at the start, within a quarter of the "
-        "search's time."
-    )
-    client_protocol: str = setting(
-        "choice", "grpc",
-        "Protocol of the load generator.",
-        choices=("grpc", "http")
-    )
+        "search's time.")
+    client_protocol: str = setting("choice", "grpc",
+        "Protocol of the load generator.", choices=("grpc", "http"))
     gpus: list[str] = setting("strs", ["all"], "GPUs to use and monitor: 'all' or UUIDs/indices.")
-    cpu_only: bool = setting(
-        "bool", False,
-        "Profile every model on CPU (KIND_CPU) even with a GPU."
-    )
-    monitoring_interval: float = setting(
-        "float", 0.1,
-        "Seconds between GPU/CPU samples (MA's default is 1.0; our windows are shorter).",
-        flags=("-i",)
-    )
-    perf_analyzer_flags: dict[str, Any] = setting(
-        "object", {},
-        "Load-generator flags for every model (shape, input-data, measurement-interval, ...).",
-        cli=False
-    )
-    triton_server_flags: dict[str, Any] = setting(
-        "object", {},
-        "Extra flags for the worker.",
-        cli=False
-    )
-    triton_http_endpoint: str = setting(
-        "str", "localhost:8000",
-        "Server HTTP endpoint (remote mode)."
-    )
-    triton_grpc_endpoint: str = setting(
-        "str", "localhost:8001",
-        "Server gRPC endpoint (remote mode)."
-    )
-    triton_metrics_url: str = setting(
-        "str", "http://localhost:8002/metrics",
-        "Server metrics URL (remote mode)."
-    )
-    triton_docker_image: str = setting(
-        "str", "model-analyzer-worker:latest",
-        "Image of the worker (docker mode; `make docker-image` builds it)."
-    )
-    triton_docker_mounts: list[str] | None = setting(
-        "strs", None,
+    cpu_only: bool = setting("bool", False,
+        "Profile every model on CPU (KIND_CPU) even with a GPU.")
+    monitoring_interval: float = setting("float", 0.1,
+        "Seconds between GPU/CPU samples (MA's default is 1.0; our windows are "
+        "shorter).", flags=("-i",))
+    perf_analyzer_flags: dict[str, Any] = setting("object", {},
+        "Load-generator flags for every model (shape, input-data, measurement-interval, "
+        "...).", cli=False)
+    triton_server_flags: dict[str, Any] = setting("object", {},
+        "Extra flags for the worker.", cli=False)
+    triton_http_endpoint: str = setting("str", "localhost:8000",
+        "Server HTTP endpoint (remote mode).")
+    triton_grpc_endpoint: str = setting("str", "localhost:8001",
+        "Server gRPC endpoint (remote mode).")
+    triton_metrics_url: str = setting("str", "http://localhost:8002/metrics",
+        "Server metrics URL (remote mode).")
+    triton_docker_image: str = setting("str", "model-analyzer-worker:latest",
+        "Image of the worker (docker mode; `make docker-image` builds it).")
+    triton_docker_mounts: list[str] | None = setting("strs", None,
         "Extra mounts for the worker container: host_path:container_path[:ro|rw], comma-separated"
-        " (docker mode)."
-    )
-    triton_docker_shm_size: str | None = setting(
-        "str", None,
-        "/dev/shm size of the worker container, e.g. 2g (docker mode; default 1g)."
-    )
-    triton_docker_labels: dict[str, Any] | None = setting(
-        "mapping", None,
-        "Labels of the worker container: k=v,k2=v2 or a JSON object (docker mode)."
-    )
-    triton_docker_args: dict[str, Any] | None = setting(
-        "mapping", None,
+        " (docker mode).")
+    triton_docker_shm_size: str | None = setting("str", None,
+        "/dev/shm size of the worker container, e.g. 2g (docker mode; default 1g).")
+    triton_docker_labels: dict[str, Any] | None = setting("mapping", None,
+        "Labels of the worker container: k=v,k2=v2 or a JSON object (docker mode).")
+    triton_docker_args: dict[str, Any] | None = setting("mapping", None,
         "More docker SDK host-config arguments for the worker container, as a JSON object (e.g. "
-        '{"network_mode": "bridge", "cpuset_cpus": "1"}; docker mode).'
-    )
-    measurement_mode: str = setting(
-        "choice", "adaptive",
+        "{\"network_mode\": \"bridge\", \"cpuset_cpus\": \"1\"}; docker mode).")
+    measurement_mode: str = setting("choice", "adaptive",
         "Load generator stopping rule (adaptive: confidence interval; perf_analyzer's "
-        "time_windows / count_windows).",
-        choices=("adaptive", "time_windows", "count_windows")
-    )
-    measurement_interval: int = setting(
-        "int", 1000,
-        "Window in ms (time_windows; adaptive uses it as the minimum window)."
-    )
+        "time_windows / count_windows).", choices=("adaptive", "time_windows", "count_windows"))
+    measurement_interval: int = setting("int", 1000,
+        "Window in ms (time_windows; adaptive uses it as the minimum window).")
     measurement_request_count: int = setting("int", 50, "Requests per window (count_windows).")
     stability_percentage: float = setting("float", 10.0, "Stability band in percent.")
-    max_trials: int = setting(
-        "int", 5,
-        "Most windows per point (a point that is not stable by then is kept, marked unstable)."
-    )
+    max_trials: int = setting("int", 5,
+        "Most windows per point (a point that is not stable by then is kept, marked unstable).")
     client_processes: int = setting("int", 0, "Load-generator processes (0: grow when saturated).")
-    server_startup_timeout: float = setting(
-        "float", 120.0,
-        "Seconds to wait for the worker to start."
-    )
-    worker_cpus: str = setting(
-        "str", "",
+    server_startup_timeout: float = setting("float", 120.0,
+        "Seconds to wait for the worker to start.")
+    worker_cpus: str = setting("str", "",
         "CPUs of the local or docker worker (taskset -c syntax, e.g. 1 or 2-7; all: not pinned). "
         "Default on >= 2 cores: three quarters of the physical cores, the load generator on the "
-        "rest, so neither measures the other's CPU use."
-    )
-    client_cpus: str = setting(
-        "str", "",
+        "rest, so neither measures the other's CPU use.")
+    client_cpus: str = setting("str", "",
         "CPUs of the load generator (taskset -c syntax; all: not pinned). Default: the CPUs the "
-        "worker does not have; in remote mode, not pinned."
-    )
+        "worker does not have; in remote mode, not pinned.")
     seed: int = setting("int", 0, "Seed for random input tensors.")
-    shape: list[str] | None = setting(
-        "multi", None,
+    shape: list[str] | None = setting("multi", None,
         "NAME:d1,d2 for an input with dynamic dims, every model (repeat the flag per input; per "
-        "model: perf_analyzer_flags: {shape: [...]})."
-    )
+        "model: perf_analyzer_flags: {shape: [...]}).")
+

@@ -9,39 +9,67 @@ the machine down.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 MIB = 1 << 20
+
+
+def cap(default: Any, flag: str, unit: str, help: str) -> Any:
+    """A Limits field with its `serve` flag: unit is bytes (the flag takes 64MB, 1g, ...),
+    seconds or count; every cap must be positive."""
+    return field(default=default, metadata={"flag": flag, "unit": unit, "help": help})
 
 
 @dataclass(frozen=True)
 class Limits:
     # HTTP: Triton's --http-max-input-size (64 MiB) caps Content-Length, chunked bodies and the
     # inflated size of a compressed body alike; beyond it the answer is 413.
-    max_input_bytes: int = 64 * MIB
-    # bytes of request bodies still arriving, all connections together; beyond it 503
-    max_buffered_bytes: int = 1 << 30
+    max_input_bytes: int = cap(64 * MIB, "--http-max-input-size", "bytes",
+                               "Largest request body, also once inflated (413 beyond).")
+    max_buffered_bytes: int = cap(1 << 30, "--http-max-buffered-size", "bytes",
+                                  "Request bodies still arriving, all connections together "
+                                  "(503 beyond).")
     # request line + headers; beyond it 431 (headers) or 414 (URL)
-    max_header_bytes: int = 64 * 1024
-    # a request must arrive whole (headers and body) this long after its first byte
-    header_timeout_s: float = 30.0
-    # a keep-alive connection with nothing in flight is closed after this long
-    idle_timeout_s: float = 300.0
-    # open HTTP connections; at the cap the longest-stalled half-sent one is dropped for a
-    # newcomer, and with none to drop the newcomer is answered 503
-    max_connections: int = 4096
-    # replies a connection may have outstanding (pipelined requests); reading pauses beyond it
-    max_pending_per_connection: int = 64
+    max_header_bytes: int = cap(64 * 1024, "--http-max-header-size", "bytes",
+                                "Largest request line plus headers (431 beyond).")
+    # counted from the request's first byte, headers and body alike
+    header_timeout_s: float = cap(30.0, "--http-header-timeout", "seconds",
+                                  "Seconds a request may take to arrive whole.")
+    # a keep-alive connection with nothing in flight
+    idle_timeout_s: float = cap(300.0, "--http-idle-timeout", "seconds",
+                                "Seconds an idle keep-alive connection is kept.")
+    # at the cap the longest-stalled half-sent one is dropped for a newcomer, and with none to
+    # drop the newcomer is answered 503
+    max_connections: int = cap(4096, "--http-max-connections", "count",
+                               "Open HTTP connections at most (503 beyond, stalled ones first).")
+    # pipelined requests
+    max_pending_per_connection: int = cap(
+        64, "--http-max-pending", "count",
+        "Replies one connection may have outstanding before reading pauses.")
     # bytes of replies queued in the socket's buffer before reading from that client pauses
     write_high_water_bytes: int = 16 * MIB
-    # gRPC: the largest message either way (after decompression) and RPCs served at once
-    grpc_max_message_bytes: int = 64 * MIB
-    grpc_max_concurrent_rpcs: int = 4096
-    # requests one ModelStreamInfer stream may have unanswered; reading the stream pauses beyond
-    # it (HTTP/2 flow control then holds the client back)
-    grpc_max_stream_pending: int = 1024
-    # model instances one model version may ask for (instance_group counts x GPUs)
-    max_instance_count: int = 64
+    grpc_max_message_bytes: int = cap(64 * MIB, "--grpc-max-message-size", "bytes",
+                                      "Largest gRPC message either way, after decompression.")
+    grpc_max_concurrent_rpcs: int = cap(
+        4096, "--grpc-max-concurrent-rpcs", "count",
+        "gRPC calls served at once over all connections (RESOURCE_EXHAUSTED beyond); also each "
+        "connection's HTTP/2 stream limit, so one client's extra calls wait in that client.")
+    # of one ModelStreamInfer stream; HTTP/2 flow control then holds the client back
+    grpc_max_stream_pending: int = cap(
+        1024, "--grpc-max-stream-pending", "count",
+        "Unanswered requests of one gRPC stream before reading it pauses.")
+    # instance_group counts x GPUs
+    max_instance_count: int = cap(64, "--max-instance-count", "count",
+                                  "Model instances one model version may have at most.")
+
+
+def size_text(size: int) -> str:
+    """65536 -> '64KB': a size flag's default as the flag would take it."""
+    for unit, factor in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
 
 
 def parse_size(text: str) -> int:

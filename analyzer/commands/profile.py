@@ -1,4 +1,5 @@
-"""`model-analyzer profile`: parse the settings, run the profiler, write and print the results."""
+"""`model-analyzer profile`: the flags (generated from the settings' metadata, config/flags.py)
+and the YAML to settings, the profiler run, the results written and printed."""
 
 from __future__ import annotations
 
@@ -10,18 +11,36 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from analyzer.config.profile_config import (
-    STORAGE_VARIABLE,
-    argument_parser,
-    load_profile_config,
-)
+import typer
+
+from analyzer.config.flags import given, profile_signature
+from analyzer.config.profile_config import STORAGE_VARIABLE, ProfileConfig, load_settings
 from analyzer.errors import AnalyzerError
-from analyzer.profiler import Profiler
-from analyzer.report.console import ProgressDisplay, print_summary
-from analyzer.report.exports import write_csvs, write_results
-from analyzer.report.html import render_reports
-from analyzer.search.ledger import scrub, url_secrets
 from analyzer.terminal import make_console
+
+
+def profile(**flags: Any) -> None:
+    """Search, measure and rank serving configs of models (NVIDIA Model Analyzer's flags; the same
+    keys in snake_case in the -f YAML file)."""
+    err = make_console(stderr=True)
+    try:
+        config = load_settings(given(flags))
+    except AnalyzerError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    from analyzer.search.ledger import url_secrets  # the profile's modules load only for it
+
+    os.environ.pop(STORAGE_VARIABLE, None)  # read: the worker and the models need not see it
+    with _hide(url_secrets(config.storage)):
+        try:
+            code = _profile(config)
+        except Exception:  # noqa: BLE001 - shown as Python would, minus any secret
+            traceback.print_exc()
+            code = 1
+    raise typer.Exit(code)
+
+
+profile.__signature__ = profile_signature()  # type: ignore[attr-defined]
 
 
 class _Scrubbed:
@@ -33,6 +52,8 @@ class _Scrubbed:
         self._secrets = secrets
 
     def write(self, text: str) -> int:
+        from analyzer.search.ledger import scrub
+
         self._stream.write(scrub(text, self._secrets))
         return len(text)
 
@@ -71,26 +92,12 @@ def _stream_handlers() -> list[logging.StreamHandler]:
     return [h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler]
 
 
-def profile_command(argv: list[str]) -> int:
-    if "-h" in argv or "--help" in argv:
-        argument_parser().print_help(sys.stdout)
-        return 0
-    err = make_console(stderr=True)
-    try:
-        config = load_profile_config(argv)
-    except AnalyzerError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
-        return 2
-    os.environ.pop(STORAGE_VARIABLE, None)  # read: the worker and the models need not see it
-    with _hide(url_secrets(config.storage)):
-        try:
-            return _profile(config)
-        except Exception:  # noqa: BLE001 - shown as Python would, minus any secret
-            traceback.print_exc()
-            return 1
+def _profile(config: ProfileConfig) -> int:
+    from analyzer.profiler import Profiler
+    from analyzer.report.console import ProgressDisplay, print_summary
+    from analyzer.report.exports import write_csvs, write_results
+    from analyzer.report.html import render_reports
 
-
-def _profile(config) -> int:
     console = make_console()
     err = make_console(stderr=True)
     for note in config.notes:

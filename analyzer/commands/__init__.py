@@ -1,0 +1,1 @@
+"""One module per command of `model-analyzer`: its typed Typer function and what it runs."""

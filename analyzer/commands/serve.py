@@ -1,0 +1,166 @@
+"""`model-analyzer serve`: the worker's flags (tritonserver's names, `--flag=true|false`
+booleans) to ServeOptions, then the worker runs until stopped."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from analyzer.config.values import parse_bool
+from analyzer.worker.limits import Limits, parse_size, size_text
+
+
+def _switch(flag: str, value: str) -> bool:
+    """tritonserver style `--allow-grpc=false`: booleans are values, not switches."""
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise typer.BadParameter(f"{flag} must be true or false, got '{value}'") from None
+
+
+class ControlMode(StrEnum):
+    none = "none"
+    explicit = "explicit"
+
+
+def serve(
+    model_repository: Annotated[
+        Path, typer.Option("--model-repository", help="Triton model repository folder.")
+    ],
+    host: Annotated[str, typer.Option("--host", "--http-address", help="Bind address.")] = (
+        "127.0.0.1"
+    ),
+    http_port: Annotated[int, typer.Option(help="HTTP port (0 picks a free one).")] = 8000,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port (0 picks a free one).")] = 8001,
+    metrics_port: Annotated[int, typer.Option(help="Metrics port (0 picks a free one).")] = 8002,
+    model_control_mode: Annotated[ControlMode, typer.Option()] = ControlMode.none,
+    load_model: Annotated[
+        list[str] | None, typer.Option(help="Model to load at start in explicit mode ('*': all).")
+    ] = None,
+    allow_http: Annotated[str, typer.Option(help="true or false.")] = "true",
+    allow_grpc: Annotated[str, typer.Option(help="true or false.")] = "true",
+    allow_metrics: Annotated[str, typer.Option(help="true or false.")] = "true",
+    exit_on_error: Annotated[
+        str, typer.Option(help="true: exit if a model fails to load at start.")
+    ] = "true",
+    log_verbose: Annotated[int, typer.Option(help="1: log loads and batches.")] = 0,
+    exit_on_stdin_eof: Annotated[
+        bool, typer.Option(help="Stop when stdin closes (the launcher's lifeline).")
+    ] = False,
+    allow_model_file_uploads: Annotated[
+        str,
+        typer.Option(
+            help="true: a repository-API load request may carry 'file:' parameters (model files, "
+            "python model.py code among them) that this worker writes to a private temporary "
+            "folder and then LOADS AND RUNS as the user running the worker. Anyone who can reach "
+            "the repository API can then run code on this machine: turn it on only with "
+            "--http-restricted-api/--grpc-restricted-protocol on model-repository, or on a "
+            "port only trusted users reach. Default false: such requests are refused."
+        ),
+    ] = "false",
+    http_restricted_api: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="'<api>[,<api>...]:<header>=<value>' (Triton's): those API categories answer "
+            "only requests carrying that header. APIs: health, metadata, inference, "
+            "shared-memory, model-config, model-repository, statistics, trace, logging."
+        ),
+    ] = None,
+    grpc_restricted_protocol: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="'<api>[,<api>...]:<key>=<value>' (Triton's): those gRPC categories answer only "
+            "calls carrying that metadata key and value."
+        ),
+    ] = None,
+    exit_timeout_secs: Annotated[
+        float,
+        typer.Option(help="Seconds from SIGTERM to exit at most: python models still busy are "
+                     "killed (Triton's flag)."),
+    ] = 15.0,
+    loop_yields_to_models: Annotated[
+        str,
+        typer.Option(
+            help="true: the thread that parses and answers requests runs as SCHED_BATCH, so on a "
+            "core it shares with a model it waits for the model's time slice instead of "
+            "preempting it mid-batch (more throughput at small requests on few cores, no change "
+            "on an idle core). false: Linux's default policy for every thread."
+        ),
+    ] = "true",
+    **caps: Any,
+) -> None:
+    """Serve a model repository with Triton's HTTP/REST, gRPC and metrics protocols.
+    \f
+    (Long because its parameters are the command's flags, declared once, here.)"""
+    from analyzer.worker.server import ServeOptions
+    from analyzer.worker.server import serve as run_worker
+
+    logging.basicConfig(
+        level=logging.INFO if log_verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    options = ServeOptions(
+        model_repository=str(model_repository),
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        model_control_mode=model_control_mode.value,
+        load_models=list(load_model or []),
+        allow_http=_switch("--allow-http", allow_http),
+        allow_grpc=_switch("--allow-grpc", allow_grpc),
+        allow_metrics=_switch("--allow-metrics", allow_metrics),
+        exit_on_error=_switch("--exit-on-error", exit_on_error),
+        exit_on_stdin_eof=exit_on_stdin_eof,
+        limits=_limits(caps),
+        allow_model_file_uploads=_switch("--allow-model-file-uploads", allow_model_file_uploads),
+        http_restricted_api=list(http_restricted_api or []),
+        grpc_restricted_protocol=list(grpc_restricted_protocol or []),
+        exit_timeout_s=exit_timeout_secs,
+        loop_yields=_switch("--loop-yields-to-models", loop_yields_to_models),
+    )
+    raise typer.Exit(run_worker(options))
+
+
+def _limits(flags: dict[str, Any]) -> Limits:
+    """The caps' flags, checked: a size as 64MB or 1g, every cap positive."""
+    values: dict[str, Any] = {}
+    for cap in dataclasses.fields(Limits):
+        if "flag" not in cap.metadata:
+            continue
+        flag, value = cap.metadata["flag"], flags[cap.name]
+        if cap.metadata["unit"] == "bytes":
+            try:
+                value = parse_size(value)
+            except ValueError as err:
+                raise typer.BadParameter(f"{flag}: {err}") from None
+        elif value <= 0:
+            raise typer.BadParameter(f"{flag} must be positive, got {value}")
+        values[cap.name] = value
+    return Limits(**values)
+
+
+def _cap_parameters() -> list[inspect.Parameter]:
+    """A flag per cap of Limits (worker/limits.py), where each is declared with its help."""
+    kinds = {"bytes": str, "seconds": float, "count": int}
+    parameters = []
+    for cap in dataclasses.fields(Limits):
+        if "flag" not in cap.metadata:
+            continue
+        meta = cap.metadata
+        default = size_text(cap.default) if meta["unit"] == "bytes" else cap.default
+        kind, option = kinds[meta["unit"]], typer.Option(meta["flag"], help=meta["help"])
+        parameters.append(inspect.Parameter(cap.name, inspect.Parameter.KEYWORD_ONLY,
+                                            default=default, annotation=Annotated[kind, option]))
+    return parameters
+
+
+_own = [p for p in inspect.signature(serve, eval_str=True).parameters.values()
+        if p.kind != p.VAR_KEYWORD]
+serve.__signature__ = inspect.Signature([*_own, *_cap_parameters()])  # type: ignore[attr-defined]

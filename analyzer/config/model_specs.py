@@ -1,0 +1,168 @@
+"""The models to profile (`profile_models`) and what is set for each alone: its parameters,
+objectives, constraints, model_config_parameters and load-generator flags (MA's YAML)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.config.values import BY_NAME, ProfileConfigError, as_list, convert
+from analyzer.results.metrics import DIRECTIONS
+
+_MODEL_KEYS = {
+    "cpu_only", "parameters", "objectives", "constraints", "weighting",
+    "model_config_parameters", "perf_analyzer_flags", "triton_server_flags",
+}  # fmt: skip
+_PARAMETER_KEYS = {"batch_sizes", "concurrency", "request_rate"}
+
+# perf_analyzer flag names accepted in perf_analyzer_flags -> what they set
+PERF_FLAGS = {
+    "shape", "input-data", "measurement-mode", "measurement-interval", "measurement-request-count",
+    "stability-percentage", "max-trials", "percentile", "request-distribution", "string-length",
+    "protocol", "batch-size",
+}  # fmt: skip
+
+
+@dataclass
+class ModelSpec:
+    """One model to profile and everything set for it alone."""
+
+    name: str
+    cpu_only: bool = False
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    concurrency: list[int] = field(default_factory=list)
+    request_rate: list[int] = field(default_factory=list)
+    objectives: dict[str, float] = field(default_factory=dict)
+    constraints: dict[str, dict[str, float]] = field(default_factory=dict)
+    model_config_parameters: dict[str, Any] = field(default_factory=dict)
+    perf_analyzer_flags: dict[str, Any] = field(default_factory=dict)
+    triton_server_flags: dict[str, Any] = field(default_factory=dict)
+
+
+def objectives(value: Any, where: str) -> dict[str, float]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list):
+        value = {str(v): 1 for v in value}
+    if not isinstance(value, dict) or not value:
+        raise ProfileConfigError(f"{where}: 'objectives' is {value!r}; expected tag: weight pairs")
+    out = {}
+    for tag, weight in value.items():
+        if tag not in DIRECTIONS:
+            raise ProfileConfigError(
+                f"{where}: objective '{tag}' is unknown; known: {', '.join(DIRECTIONS)}"
+            )
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+            raise ProfileConfigError(
+                f"{where}: objective '{tag}' has weight {weight!r}; expected a number > 0"
+            )
+        out[tag] = float(weight)
+    return out
+
+
+def constraints(value: Any, where: str) -> dict[str, dict[str, float]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProfileConfigError(f"{where}: 'constraints' is {value!r}; expected a mapping")
+    out: dict[str, dict[str, float]] = {}
+    for tag, bounds in value.items():
+        if tag not in DIRECTIONS:
+            raise ProfileConfigError(
+                f"{where}: constraint '{tag}' is unknown; known: {', '.join(DIRECTIONS)}"
+            )
+        if not isinstance(bounds, dict) or not bounds or set(bounds) - {"min", "max"}:
+            raise ProfileConfigError(
+                f"{where}: constraint '{tag}' is {bounds!r}; expected {{min: N}} and/or {{max: N}}"
+            )
+        for key, number in bounds.items():
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                raise ProfileConfigError(
+                    f"{where}: constraint '{tag}.{key}' is {number!r}; expected a number"
+                )
+        out[tag] = {k: float(v) for k, v in bounds.items()}
+    return out
+
+
+def perf_flags(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProfileConfigError(f"{where}: 'perf_analyzer_flags' is {value!r}; expected a mapping")
+    for key in value:
+        if key not in PERF_FLAGS:
+            raise ProfileConfigError(
+                f"{where}: perf_analyzer_flags key '{key}' is not supported; supported: "
+                + ", ".join(sorted(PERF_FLAGS))
+            )
+    return dict(value)
+
+
+def model_specs(
+    raw: Any, values: dict[str, Any], where: str, notes: list[str]
+) -> list[ModelSpec]:
+    """`profile_models` as a name list, a comma-separated string or a mapping of name to
+    per-model settings; what a model does not set comes from the run's `values`."""
+    if raw is None:
+        raise ProfileConfigError(f"{where}: 'profile_models' is required (which models to profile)")
+    if isinstance(raw, str):
+        raw = [m.strip() for m in raw.split(",") if m.strip()]
+    if isinstance(raw, list):
+        entries: dict[str, Any] = {}
+        for item in raw:
+            if isinstance(item, dict):
+                entries.update(item)
+            else:
+                entries[str(item)] = {}
+        raw = entries
+    if not isinstance(raw, dict) or not raw:
+        raise ProfileConfigError(f"{where}: 'profile_models' is {raw!r}; expected model names")
+    return [_model_spec(str(name), params or {}, values, f"{where}: profile_models.{name}", notes)
+            for name, params in raw.items()]  # fmt: skip
+
+
+def _model_spec(
+    name: str, params: Any, values: dict[str, Any], here: str, notes: list[str]
+) -> ModelSpec:
+    if not isinstance(params, dict):
+        raise ProfileConfigError(f"{here} is {params!r}; expected a mapping")
+    unknown = set(params) - _MODEL_KEYS
+    if unknown:
+        raise ProfileConfigError(
+            f"{here}: key '{sorted(unknown)[0]}' is unknown; known: "
+            + ", ".join(sorted(_MODEL_KEYS))
+        )
+    parameters = params.get("parameters") or {}
+    if not isinstance(parameters, dict) or set(parameters) - _PARAMETER_KEYS:
+        raise ProfileConfigError(
+            f"{here}.parameters is {parameters!r}; keys: {', '.join(sorted(_PARAMETER_KEYS))}"
+        )
+    mcp = params.get("model_config_parameters") or {}
+    if not isinstance(mcp, dict):
+        raise ProfileConfigError(f"{here}.model_config_parameters is {mcp!r}; expected a mapping")
+    if "weighting" in params:
+        notes.append(f"profile_models.{name}.weighting has no effect here: it weights models "
+                     "profiled concurrently, and models are profiled one after another")
+
+    def listed(key: str) -> list[int]:
+        if key in parameters:
+            return as_list(key, parameters[key], int, here)
+        return list(values[key] or [])
+
+    return ModelSpec(
+        name=name,
+        cpu_only=convert(BY_NAME["cpu_only"], params.get("cpu_only", values["cpu_only"]), here),
+        batch_sizes=listed("batch_sizes"),
+        concurrency=listed("concurrency"),
+        request_rate=listed("request_rate"),
+        objectives=objectives(params["objectives"], here) if "objectives" in params
+        else dict(values["objectives"]),
+        constraints=constraints(params["constraints"], here) if "constraints" in params
+        else {k: dict(v) for k, v in values["constraints"].items()},
+        model_config_parameters=mcp,
+        perf_analyzer_flags={**values["perf_analyzer_flags"],
+                             **perf_flags(params.get("perf_analyzer_flags"), here)},
+        triton_server_flags=dict(params.get("triton_server_flags") or {}),
+    )  # fmt: skip
