@@ -2,7 +2,8 @@
 
 `grpc_server.GrpcServer` serves them on the worker's event loop: ModelInfer through
 `prepare`/`encode`, the rest as coroutines. HTTP and gRPC share the ModelManager, so validation,
-scheduling, statistics and errors are the same.
+scheduling, statistics and errors are the same. grpc_messages.py converts between the messages
+and the worker's values.
 """
 
 from __future__ import annotations
@@ -12,60 +13,29 @@ import time
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from analyzer import __version__
-from analyzer.datatypes import (
-    numpy_to_wire,
-    shape_count,
-    tensor_from_bytes,
-    tensor_to_bytes,
-    wire_to_numpy,
-)
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.grpc_layouts import Layouts, varint
-from analyzer.worker.http import natural_param, sequence_param, server_metadata, show_value
+from analyzer.worker.grpc_messages import (
+    decode_inputs,
+    encode_outputs,
+    load_params,
+    param_value,
+    stream_error,
+)
+from analyzer.worker.http import server_metadata
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.names import check_model_name
+from analyzer.worker.params import natural_param, sequence_param
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
 from analyzer.worker.validate import check_once
-
-# InferTensorContents field holding each datatype's values when raw contents are not used.
-_CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
-    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}  # fmt: skip
-
-
-def _param_value(param: pb.InferParameter) -> Any:
-    kind = param.WhichOneof("parameter_choice")
-    return getattr(param, kind) if kind else None
-
-
-def _load_params(request: pb.RepositoryModelLoadRequest) -> tuple[str | None, dict]:
-    """A load's 'config' (a JSON string) and 'file:' contents (bytes), type-checked."""
-    config, files = None, {}
-    for key, param in request.parameters.items():
-        value = _param_value(param)
-        if key == "config":
-            if not isinstance(value, str):
-                raise InferError(
-                    f"load parameter 'config' must be a string_param, got {show_value(value)}"
-                )
-            config = value
-        elif key.startswith("file:"):
-            if not isinstance(value, bytes):
-                raise InferError(f"load parameter '{key}' must be a bytes_param")
-            files[key] = value
-    return config, files
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -185,7 +155,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         await self._allow("model-repository", context)
         await self._name(request.model_name, context)
         try:
-            config, files = _load_params(request)
+            config, files = load_params(request)
         except InferError as err:
             await context.abort(err.status.grpc, err.message)
         await self._repository_job(
@@ -223,9 +193,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if final is not None and final.bool_param:
                     response.infer_response.parameters["triton_final_response"].bool_param = True
             except InferError as err:
-                response = _stream_error(request, err.message)
+                response = stream_error(request, err.message)
             except Exception as err:  # a bug must still answer, or the stream waits forever
-                response = _stream_error(request, f"internal error: {type(err).__name__}: {err}")
+                response = stream_error(request, f"internal error: {type(err).__name__}: {err}")
             await queue.put(response)
 
         # a client that streams requests without reading the answers is held back here, not
@@ -273,12 +243,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         check_model_name(request.model_name)
         model = self.manager.get(request.model_name, request.model_version)
         try:
-            inputs, wire_types = _decode_inputs(request)
+            inputs, wire_types = decode_inputs(request)
         except InferError:
             raise
         except Exception as err:  # a malformed request must not reach the client as UNKNOWN
             raise InferError(f"malformed inference request: {err}") from None
-        params = {k: _param_value(v) for k, v in request.parameters.items()}
+        params = {k: param_value(v) for k, v in request.parameters.items()}
         return model, InferRequest(
             model_name=request.model_name,
             inputs=inputs,
@@ -361,7 +331,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def encode(model, request: pb.ModelInferRequest, outputs: dict) -> pb.ModelInferResponse:
         requested = [o.name for o in request.outputs] or None
         try:
-            return _encode_outputs(model, request.id, outputs, requested)
+            return encode_outputs(model, request.id, outputs, requested)
         except InferError:
             raise
         except Exception as err:  # the model's fault, but the client still gets an answer
@@ -401,68 +371,3 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 _MAX_HEADS = 256
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
-
-
-def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    return pb.ModelStreamInferResponse(
-        error_message=message,
-        infer_response=pb.ModelInferResponse(id=request.id, model_name=request.model_name),
-    )
-
-
-def _decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
-    if not request.inputs:
-        raise InferError("inference request has no inputs")
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InferError(f"{len(raw)} raw input contents for {len(request.inputs)} inputs")
-    inputs: dict[str, np.ndarray] = {}
-    wire_types: dict[str, str] = {}
-    for i, tensor in enumerate(request.inputs):
-        name, wire, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
-        if name in inputs:
-            raise InferError(f"input '{name}' is given twice")
-        try:
-            dtype = wire_to_numpy(wire)
-            count = shape_count(shape)
-            if raw:
-                array = tensor_from_bytes(memoryview(raw[i]), wire, shape, count)
-            else:
-                array = _from_contents(tensor, wire, dtype, shape, count)
-        except ValueError as err:
-            raise InferError(f"input '{name}': {err}") from None
-        inputs[name] = array
-        wire_types[name] = wire
-    return inputs, wire_types
-
-
-def _from_contents(tensor, wire: str, dtype, shape: tuple[int, ...], count: int) -> np.ndarray:
-    field = _CONTENTS_FIELD.get(wire)
-    if field is None:
-        raise ValueError(f"datatype {wire} must be sent in raw_input_contents")
-    values = getattr(tensor.contents, field)
-    if len(values) != count:  # before any copy: the count is the client's claim
-        raise ValueError(f"shape {list(shape)} needs {count} values, contents have {len(values)}")
-    if wire == "BYTES":
-        out = np.empty(count, dtype=np.object_)
-        out[:] = list(values)
-        return out.reshape(shape)
-    try:
-        return np.asarray(values, dtype=dtype).reshape(shape)
-    except OverflowError as err:  # e.g. 300 in uint_contents of a UINT8 input
-        raise ValueError(f"contents do not fit {wire}: {err}") from None
-
-
-def _encode_outputs(model, request_id: str, outputs: dict, requested) -> pb.ModelInferResponse:
-    response = pb.ModelInferResponse(
-        model_name=model.name, model_version=str(model.version), id=request_id
-    )
-    for name in requested or list(outputs):
-        if name not in outputs:
-            raise InferError(f"model '{model.name}' did not produce output '{name}'",
-                             Status.INTERNAL)  # fmt: skip
-        array = outputs[name]
-        wire = numpy_to_wire(array.dtype)
-        response.outputs.add(name=name, datatype=wire, shape=list(array.shape))
-        response.raw_output_contents.append(bytes(tensor_to_bytes(array, wire)))
-    return response

@@ -10,76 +10,35 @@ Everything a client controls is bounded by `Limits`: body bytes (raw and inflate
 the time a request may take to arrive, idle time, connections, unanswered pipelined requests and
 unread reply bytes. The checks cost a request a few integer compares; the clocks are one timer per
 connection that re-arms itself from timestamps, so nothing is scheduled per request.
+
+The protocol here receives and dispatches; it mixes in the request checks (http_limits.py) and the
+sending side and clock (http_flow.py). The records a handler sees are in http_message.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import resource
 import socket
 import sys
-import time
-import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from http import HTTPStatus
 
 import httptools
 
+from analyzer.worker.http_flow import _PENDING, _WRITES, Flow, _now
+from analyzer.worker.http_limits import RequestChecks, _Stop
+from analyzer.worker.http_message import Handler, HttpRequest, HttpResponse, error_response
 from analyzer.worker.limits import Limits
 
 log = logging.getLogger(__name__)
 
-# After an error that ends a connection, what the client still sends is read and dropped this long,
-# so that it sees our answer instead of a reset that can discard it (Apache's lingering close).
-_LINGER_S = 1.0
 # descriptors the process needs besides client connections (models, stubs, logs, gRPC)
 _FD_RESERVE = 256
-# why a connection's reading is paused (bits of _Protocol.paused)
-_PENDING, _WRITES, _REFUSED = 1, 2, 4
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_now = time.monotonic
-
-
-@dataclass(slots=True)
-class HttpRequest:
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: bytes | memoryview
-    # called once, on the event loop, if the client disconnects before this request is answered
-    disconnect_hooks: list[Callable[[], None]] = field(default_factory=list)
-
-    def on_disconnect(self, hook: Callable[[], None]) -> None:
-        self.disconnect_hooks.append(hook)
-
-
-@dataclass(slots=True)
-class HttpResponse:
-    status: int = 200
-    body: Sequence[bytes | memoryview] = ()
-    content_type: str = "application/json"
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-
-Respond = Callable[[HttpResponse], None]
-Handler = Callable[[HttpRequest, Respond], None]
-
-_REASONS = {s.value: s.phrase for s in HTTPStatus}
-# per request these would be rebuilt: header names as received -> lower-case str, and each
-# (status, content type)'s status line and headers up to Content-Length's value; bounded, as
+# per request this would be rebuilt: header names as received -> lower-case str; bounded, as
 # header names are the client's to choose
 _HEADER_NAMES: dict[bytes, str] = {}
-_PREFIXES: dict[tuple[int, str], str] = {}
 _MAX_HEADER_NAMES = 256
-
-
-class _Stop(Exception):
-    """Raised from a parser callback after the request was refused: stops parsing this chunk."""
 
 
 class _Server:
@@ -117,7 +76,7 @@ class _Server:
         return best
 
 
-class _Protocol(asyncio.Protocol):
+class _Protocol(RequestChecks, Flow, asyncio.Protocol):
     __slots__ = (
         "handler", "server", "limits", "transport", "parser", "url", "headers", "body", "slots",
         "closing", "refused", "lingering", "paused", "receiving", "in_head", "measure", "count",
@@ -317,7 +276,7 @@ class _Protocol(asyncio.Protocol):
             self.handler(request, lambda response: self._fill(slot, response))
         except Exception as err:  # a handler bug must not leave the request unanswered
             log.exception("HTTP handler failed for %s %s", request.method, path)
-            self._fill(slot, HttpResponse(500, [_error_json(f"internal error: {err}")]))
+            self._fill(slot, error_response(500, f"internal error: {err}"))
 
     def _dispatch(self, slot: list) -> None:
         request = slot[1]
@@ -325,7 +284,7 @@ class _Protocol(asyncio.Protocol):
             self.handler(request, lambda response: self._fill(slot, response))
         except Exception as err:  # a handler bug must not leave the request unanswered
             log.exception("HTTP handler failed for %s %s", request.method, request.path)
-            self._fill(slot, HttpResponse(500, [_error_json(f"internal error: {err}")]))
+            self._fill(slot, error_response(500, f"internal error: {err}"))
 
     def _release(self) -> None:
         """Hand waiting requests to the handler while the client reads and few are unanswered."""
@@ -342,232 +301,6 @@ class _Protocol(asyncio.Protocol):
         if not waiting:
             self._resume(_PENDING)
 
-    # -- request checks (off the hot path) --------------------------------------------------
-    def _measure_head(self) -> None:
-        size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
-        if size > self.head_cap:
-            self._refuse_head()
-
-    def _refuse_head(self) -> None:
-        cap = self.head_cap
-        if len(self.url) <= cap:
-            self._refuse(431, f"request headers exceed the limit of {cap} bytes "
-                              "(--http-max-header-size)")  # fmt: skip
-        else:
-            self._refuse(414, f"request URL exceeds the limit of {cap} bytes "
-                              "(--http-max-header-size)")  # fmt: skip
-        raise _Stop
-
-    def _refuse_body(self, what: str) -> None:
-        cap = self.body_cap
-        self._refuse(413, f"{what} exceeds the limit of {cap} bytes (--http-max-input-size)")
-        raise _Stop
-
-    def _hold(self, n: int) -> None:
-        server = self.server
-        server.held += n
-        self.held += n
-        if server.held > server.budget:
-            budget = server.budget
-            self._refuse(503, f"the server holds {budget} bytes of request bodies still arriving "
-                              "(--http-max-buffered-size); retry later")  # fmt: skip
-            raise _Stop
-
-    def _let_go(self) -> None:
-        self.server.held -= self.held
-        self.held = 0
-
-    def _expect(self, value: str) -> None:
-        if value.strip().lower() != "100-continue":
-            self._refuse(417, f"unsupported Expect '{value}': only 100-continue is known")
-            raise _Stop
-        # an interim answer must not overtake the answers still owed to earlier requests; a
-        # client that gets none sends its body after its own wait
-        if not self.slots and self.parser.get_http_version() == "1.1":
-            self.transport.write(_CONTINUE)
-
-    def _start_inflating(self, encoding: str) -> None:
-        name = encoding.strip().lower()
-        if name == "gzip":
-            self.inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif name == "deflate":
-            self.inflater = zlib.decompressobj()
-        elif name != "identity":
-            self.bad = error_response(400, f"unsupported Content-Encoding '{encoding}'")
-        self.inflated = 0
-
-    def _encoded_body(self, data: bytes) -> None:
-        if self.inflater is not None:
-            self._inflate(data)
-        elif self.bad is None:  # identity
-            self.body.append(data)
-
-    def _inflate(self, data: bytes) -> None:
-        """Inflate as it arrives, asking zlib for at most one byte beyond the cap."""
-        room = self.body_cap - self.inflated
-        try:
-            out = self.inflater.decompress(data, room + 1)
-        except zlib.error as err:
-            self._bad_encoding(str(err))
-            return
-        self.inflated += len(out)
-        if self.inflated > self.body_cap:
-            self.inflater = None
-            self._refuse_body("inflated request body")
-        if out:
-            self.body.append(out)
-            self._hold(len(out))
-
-    def _finish_inflating(self, body: bytes) -> bytes:
-        inflater, self.inflater = self.inflater, None
-        if inflater is not None and not inflater.eof:
-            self._bad_encoding("incomplete or truncated stream")
-        return body
-
-    def _bad_encoding(self, why: str) -> None:
-        encoding = self.headers.get("content-encoding", "").strip().lower()
-        self.bad = error_response(400, f"request body is not valid {encoding} data: {why}")
-        self.inflater = None
-        self.body = []
-
-    # -- responses --------------------------------------------------------------------------
-    def _fill(self, slot: list, response: HttpResponse) -> None:
-        if slot[0] is not None:
-            return  # answered already: each request gets exactly one response
-        slot[0] = response
-        # answered: let go of the request. It holds its hooks, a hook holds the model's request,
-        # whose callback holds this slot -- a reference cycle that only the garbage collector
-        # would free, keeping every request's body alive until it ran (and paying for the runs)
-        slot[1] = None
-        self._flush()
-
-    def _flush(self) -> None:
-        slots = self.slots
-        while slots and slots[0][0] is not None:
-            response = slots.popleft()[0]
-            try:
-                self._write(response)
-            except Exception as err:  # e.g. a header that is not latin-1: still one answer
-                log.exception("cannot write an HTTP %d response", response.status)
-                self._write(error_response(500, f"internal error: cannot encode response: {err}"))
-        if self.waiting:
-            self._release()
-        if self.closing and not slots and self.transport is not None:
-            if self.refused:
-                self._linger()
-            else:
-                self.transport.close()
-
-    def _refuse(self, status: int, message: str) -> None:
-        """Answer the request being received with an error, after the answers owed before it,
-        then close: what the client still sends is not parsed."""
-        self.refused = self.closing = True
-        self._let_go()
-        self.receiving = self.in_head = False
-        self.inflater = None
-        self.encoded = False
-        self.body = []
-        self._pause(_REFUSED)
-        self.slots.append([error_response(status, message), None])
-        self._flush()
-
-    def _write(self, response: HttpResponse) -> None:
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        length = sum(len(b) for b in response.body)
-        key = (response.status, response.content_type)
-        prefix = _PREFIXES.get(key)
-        if prefix is None:
-            prefix = (
-                f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
-                f"Content-Type: {response.content_type}\r\nContent-Length: "
-            )
-            if len(_PREFIXES) < _MAX_HEADER_NAMES:
-                _PREFIXES[key] = prefix
-        head = [prefix, str(length), "\r\n"]
-        for name, value in response.headers:
-            head.append(f"{name}: {value}\r\n")
-        if self.closing and len(self.slots) == 0:
-            head.append("Connection: close\r\n")
-        head.append("\r\n")
-        transport.writelines([("".join(head)).encode("latin-1"), *response.body])
-
-    # -- flow control and clocks ------------------------------------------------------------
-    def _pause(self, why: int) -> None:
-        transport = self.transport
-        if not self.paused and transport is not None and not transport.is_closing():
-            transport.pause_reading()
-        self.paused |= why
-
-    def _resume(self, why: int) -> None:
-        if not self.paused & why:
-            return
-        self.paused &= ~why
-        transport = self.transport
-        if not self.paused and transport is not None and not transport.is_closing():
-            transport.resume_reading()
-            self.began = _now()  # the time spent paused was ours, not the client's
-
-    def _linger(self) -> None:
-        """Half-close after the error answer and drop what still arrives, for a bounded time."""
-        transport = self.transport
-        if transport is None or self.lingering:
-            return
-        self.lingering = True
-        self._resume(_PENDING | _WRITES | _REFUSED)
-        if not transport.can_write_eof():
-            transport.close()
-            return
-        transport.write_eof()
-        self._arm(_LINGER_S)
-
-    def _arm(self, delay: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.server.loop.call_later(delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        """The connection's one clock: header-read deadline, idle deadline, end of lingering."""
-        self.timer = None
-        transport = self.transport
-        if transport is None:
-            return
-        if self.lingering:
-            transport.abort()
-            return
-        now = _now()
-        limits = self.limits
-        if self.receiving and not self.paused:
-            left = self.began + limits.header_timeout_s - now
-            if left <= 0:
-                wait = limits.header_timeout_s
-                self._refuse(408, f"the request did not arrive whole within {wait:g} s "
-                                  "(--http-header-timeout)")  # fmt: skip
-                return
-            self._arm(left)
-        elif self.slots or self.receiving or self.refused:
-            self._arm(self.server.tick)
-        else:
-            if self.idle_count != self.count:  # new requests since last seen idle
-                self.idle_count, self.idle_since = self.count, now
-            left = self.idle_since + limits.idle_timeout_s - now
-            if left > 0:
-                self._arm(min(left, self.server.tick))
-            elif transport.get_write_buffer_size():
-                transport.abort()  # replies nobody reads: close() would wait for them forever
-            else:
-                transport.close()
-
-    def stalled(self) -> bool:
-        """Half-sent (or silent since connecting) through no fault of ours."""
-        return (self.receiving or self.count == 0) and not self.paused and not self.slots
-
-    def drop(self) -> None:
-        self.server.open.discard(self)
-        if self.transport is not None:
-            self.transport.abort()
-
 
 def _run_disconnect_hooks(request: HttpRequest) -> None:
     hooks, request.disconnect_hooks = request.disconnect_hooks, []
@@ -576,10 +309,6 @@ def _run_disconnect_hooks(request: HttpRequest) -> None:
             hook()
         except Exception:  # one failing hook must not keep the others from running
             log.exception("disconnect hook failed for %s %s", request.method, request.path)
-
-
-def _error_json(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
 
 
 def raise_open_file_limit(wanted: int) -> int:
@@ -611,7 +340,3 @@ async def start_http_server(
     return await loop.create_server(
         lambda: _Protocol(handler, server), host, port, reuse_address=True, backlog=1024
     )
-
-
-def error_response(status: int, message: str) -> HttpResponse:
-    return HttpResponse(status, [_error_json(message)])

@@ -11,51 +11,53 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psutil
 
 from analyzer.monitor.nvml import Nvml
-from analyzer.worker.http_server import (
-    HttpRequest,
-    HttpResponse,
-    Respond,
-    error_response,
-    start_http_server,
-)
+from analyzer.worker.http_message import HttpRequest, HttpResponse, Respond, error_response
+from analyzer.worker.http_server import start_http_server
 from analyzer.worker.limits import Limits
 from analyzer.worker.model import ModelVersion
 
 log = logging.getLogger(__name__)
 
-_MODEL_COUNTERS = (
-    ("nv_inference_request_success", "counter", "Number of successful inference requests"),
-    ("nv_inference_request_failure", "counter", "Number of failed inference requests"),
-    ("nv_inference_count", "counter", "Number of inferences performed"),
-    ("nv_inference_exec_count", "counter", "Number of model executions"),
-    ("nv_inference_request_duration_us", "counter", "Cumulative request duration in microseconds"),
-    ("nv_inference_queue_duration_us", "counter", "Cumulative queuing duration in microseconds"),
-    (
-        "nv_inference_compute_input_duration_us",
-        "counter",
-        "Cumulative compute input duration in microseconds",
-    ),
-    (
-        "nv_inference_compute_infer_duration_us",
-        "counter",
-        "Cumulative compute infer duration in microseconds",
-    ),
-    (
-        "nv_inference_compute_output_duration_us",
-        "counter",
-        "Cumulative compute output duration in microseconds",
-    ),
-    (
-        "nv_inference_pending_request_count",
-        "gauge",
-        "Pending requests awaiting execution per model",
-    ),
-)
+# Triton's metric families, one a line: name, type, help; each group in the order a scrape writes it
+_FAMILY_TABLE = """
+nv_inference_request_success counter Number of successful inference requests
+nv_inference_request_failure counter Number of failed inference requests
+nv_inference_count counter Number of inferences performed
+nv_inference_exec_count counter Number of model executions
+nv_inference_request_duration_us counter Cumulative request duration in microseconds
+nv_inference_queue_duration_us counter Cumulative queuing duration in microseconds
+nv_inference_compute_input_duration_us counter Cumulative compute input duration in microseconds
+nv_inference_compute_infer_duration_us counter Cumulative compute infer duration in microseconds
+nv_inference_compute_output_duration_us counter Cumulative compute output duration in microseconds
+nv_inference_pending_request_count gauge Pending requests awaiting execution per model
+nv_cpu_utilization gauge CPU utilization rate [0.0 - 1.0]
+nv_cpu_memory_total_bytes gauge CPU total memory (RAM), in bytes
+nv_cpu_memory_used_bytes gauge CPU used memory (RAM), in bytes
+nv_gpu_utilization gauge GPU utilization rate [0.0 - 1.0)
+nv_gpu_memory_total_bytes gauge GPU total memory, in bytes
+nv_gpu_memory_used_bytes gauge GPU used memory, in bytes
+nv_gpu_power_usage gauge GPU power usage in watts
+nv_gpu_power_limit gauge GPU power management limit in watts
+nv_energy_consumption counter GPU energy consumption in joules since the server started
+"""
+_FAMILIES = {
+    name: (kind, help_text)
+    for name, kind, help_text in (line.split(" ", 2) for line in _FAMILY_TABLE.split("\n") if line)
+}
+# the values of _model_values and of _gpu_lines' rows are in these orders
+_MODEL_FAMILIES = [name for name in _FAMILIES if name.startswith("nv_inference_")]
+_GPU_FAMILIES = [name for name in _FAMILIES if name.startswith(("nv_gpu_", "nv_energy_"))]
+
+
+def _family(name: str, samples: Iterable[str]) -> list[str]:
+    """One family in the text format: its HELP and TYPE lines, then `name` + each sample."""
+    kind, help_text = _FAMILIES[name]
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *(name + s for s in samples)]
 
 
 def _model_values(model: ModelVersion) -> list[int]:
@@ -82,13 +84,12 @@ def escape_label(value: str) -> str:
 
 def render_metrics(models: list[ModelVersion]) -> str:
     lines: list[str] = []
-    values = {id(m): _model_values(m) for m in models}
-    for i, (name, kind, help_text) in enumerate(_MODEL_COUNTERS):
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for m in models:
-            labels = f'model="{escape_label(m.name)}",version="{m.version}"'
-            lines.append(f"{name}{{{labels}}} {values[id(m)][i]}")
+    rows = [
+        (f'{{model="{escape_label(m.name)}",version="{m.version}"}} ', _model_values(m))
+        for m in models
+    ]
+    for i, name in enumerate(_MODEL_FAMILIES):
+        lines += _family(name, [labels + str(values[i]) for labels, values in rows])
     lines.extend(_cpu_lines())
     lines.extend(_gpu_lines())
     return "\n".join(lines) + "\n"
@@ -98,30 +99,10 @@ def _cpu_lines() -> list[str]:
     mem = psutil.virtual_memory()
     util = psutil.cpu_percent(interval=None) / 100.0
     return [
-        "# HELP nv_cpu_utilization CPU utilization rate [0.0 - 1.0]",
-        "# TYPE nv_cpu_utilization gauge",
-        f"nv_cpu_utilization {util:.6f}",
-        "# HELP nv_cpu_memory_total_bytes CPU total memory (RAM), in bytes",
-        "# TYPE nv_cpu_memory_total_bytes gauge",
-        f"nv_cpu_memory_total_bytes {mem.total}",
-        "# HELP nv_cpu_memory_used_bytes CPU used memory (RAM), in bytes",
-        "# TYPE nv_cpu_memory_used_bytes gauge",
-        f"nv_cpu_memory_used_bytes {mem.total - mem.available}",
+        *_family("nv_cpu_utilization", [f" {util:.6f}"]),
+        *_family("nv_cpu_memory_total_bytes", [f" {mem.total}"]),
+        *_family("nv_cpu_memory_used_bytes", [f" {mem.total - mem.available}"]),
     ]
-
-
-_GPU_GAUGES = (
-    ("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)"),
-    ("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes"),
-    ("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes"),
-    ("nv_gpu_power_usage", "gauge", "GPU power usage in watts"),
-    ("nv_gpu_power_limit", "gauge", "GPU power management limit in watts"),
-    (
-        "nv_energy_consumption",
-        "counter",
-        "GPU energy consumption in joules since the server started",
-    ),
-)
 
 
 class _Nvml:
@@ -159,11 +140,8 @@ def _gpu_lines() -> list[str]:
         used, total = mem if mem is not None else (0, 0)
         rows.append((escape_label(d.uuid), [util, total, used, power, limit, energy]))
     lines = []
-    for i, (name, kind, help_text) in enumerate(_GPU_GAUGES):
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for uuid, vals in rows:
-            lines.append(f'{name}{{gpu_uuid="{uuid}"}} {vals[i]:.6f}')
+    for i, name in enumerate(_GPU_FAMILIES):
+        lines += _family(name, [f'{{gpu_uuid="{uuid}"}} {vals[i]:.6f}' for uuid, vals in rows])
     return lines
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -304,21 +305,11 @@ class Logger:
         label = {0: "I", 1: "W", 2: "E", 3: "V"}.get(level, "I")
         print(f"{label} [python model] {message}", file=sys.stderr, flush=True)
 
-    @classmethod
-    def log_info(cls, message: str) -> None:
-        cls.log(message, cls.INFO)
-
-    @classmethod
-    def log_warn(cls, message: str) -> None:
-        cls.log(message, cls.WARNING)
-
-    @classmethod
-    def log_error(cls, message: str) -> None:
-        cls.log(message, cls.ERROR)
-
-    @classmethod
-    def log_verbose(cls, message: str) -> None:
-        cls.log(message, cls.VERBOSE)
+    # log_info(message) and the like: `log` at one level
+    log_info = staticmethod(partial(log, level=INFO))
+    log_warn = staticmethod(partial(log, level=WARNING))
+    log_error = staticmethod(partial(log, level=ERROR))
+    log_verbose = staticmethod(partial(log, level=VERBOSE))
 
 
 class LogLevel:

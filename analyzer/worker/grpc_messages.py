@@ -1,0 +1,119 @@
+"""The gRPC service's conversions between protobuf messages and the worker's values.
+
+Input tensors (raw_input_contents or the typed InferTensorContents fields) to numpy arrays, output
+arrays to a ModelInferResponse, InferParameters to Python values (a model load's among them), and a
+stream's error response. Pure functions of the messages: InferenceService holds the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from analyzer.datatypes import (
+    numpy_to_wire,
+    shape_count,
+    tensor_from_bytes,
+    tensor_to_bytes,
+    wire_to_numpy,
+)
+from analyzer.worker.errors import InferError, Status
+from analyzer.worker.params import show_value
+
+# InferTensorContents field holding each datatype's values when raw contents are not used.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}  # fmt: skip
+
+
+def param_value(param: pb.InferParameter) -> Any:
+    kind = param.WhichOneof("parameter_choice")
+    return getattr(param, kind) if kind else None
+
+
+def load_params(request: pb.RepositoryModelLoadRequest) -> tuple[str | None, dict]:
+    """A load's 'config' (a JSON string) and 'file:' contents (bytes), type-checked."""
+    config, files = None, {}
+    for key, param in request.parameters.items():
+        value = param_value(param)
+        if key == "config":
+            if not isinstance(value, str):
+                raise InferError(
+                    f"load parameter 'config' must be a string_param, got {show_value(value)}"
+                )
+            config = value
+        elif key.startswith("file:"):
+            if not isinstance(value, bytes):
+                raise InferError(f"load parameter '{key}' must be a bytes_param")
+            files[key] = value
+    return config, files
+
+
+def stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(id=request.id, model_name=request.model_name),
+    )
+
+
+def decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
+    if not request.inputs:
+        raise InferError("inference request has no inputs")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InferError(f"{len(raw)} raw input contents for {len(request.inputs)} inputs")
+    inputs: dict[str, np.ndarray] = {}
+    wire_types: dict[str, str] = {}
+    for i, tensor in enumerate(request.inputs):
+        name, wire, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
+        if name in inputs:
+            raise InferError(f"input '{name}' is given twice")
+        try:
+            dtype = wire_to_numpy(wire)
+            count = shape_count(shape)
+            if raw:
+                array = tensor_from_bytes(memoryview(raw[i]), wire, shape, count)
+            else:
+                array = _from_contents(tensor, wire, dtype, shape, count)
+        except ValueError as err:
+            raise InferError(f"input '{name}': {err}") from None
+        inputs[name] = array
+        wire_types[name] = wire
+    return inputs, wire_types
+
+
+def _from_contents(tensor, wire: str, dtype, shape: tuple[int, ...], count: int) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(wire)
+    if field is None:
+        raise ValueError(f"datatype {wire} must be sent in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    if len(values) != count:  # before any copy: the count is the client's claim
+        raise ValueError(f"shape {list(shape)} needs {count} values, contents have {len(values)}")
+    if wire == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        out[:] = list(values)
+        return out.reshape(shape)
+    try:
+        return np.asarray(values, dtype=dtype).reshape(shape)
+    except OverflowError as err:  # e.g. 300 in uint_contents of a UINT8 input
+        raise ValueError(f"contents do not fit {wire}: {err}") from None
+
+
+def encode_outputs(model, request_id: str, outputs: dict, requested) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(
+        model_name=model.name, model_version=str(model.version), id=request_id
+    )
+    for name in requested or list(outputs):
+        if name not in outputs:
+            raise InferError(f"model '{model.name}' did not produce output '{name}'",
+                             Status.INTERNAL)  # fmt: skip
+        array = outputs[name]
+        wire = numpy_to_wire(array.dtype)
+        response.outputs.add(name=name, datatype=wire, shape=list(array.shape))
+        response.raw_output_contents.append(bytes(tensor_to_bytes(array, wire)))
+    return response

@@ -1,0 +1,306 @@
+"""The infer body of the REST API: JSON and binary tensors in, JSON and binary tensors out.
+
+A request's JSON header becomes a `_Plan`, checked once; a header whose inputs are all binary is
+kept and reused by the requests that repeat it. Inputs are decoded as numpy views of the binary
+part of the body (or converted from JSON 'data'); outputs are encoded as JSON values or as binary
+blobs after the header (Triton's binary tensor data extension), with the head of an all-binary
+response built once per output layout.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from analyzer.datatypes import (
+    numpy_to_wire,
+    shape_count,
+    tensor_from_bytes,
+    tensor_to_bytes,
+    wire_to_numpy,
+)
+from analyzer.worker.errors import InferError
+from analyzer.worker.http_message import HttpRequest, HttpResponse, error_response
+from analyzer.worker.params import (
+    _object,
+    _parse_json,
+    flag_param,
+    natural_param,
+    sequence_param,
+    show_value,
+)
+
+HEADER_LENGTH = "inference-header-content-length"
+_BINARY_TYPE = "application/octet-stream"
+
+
+def _outputs(spec: Any) -> list[dict] | None:
+    """'outputs': a list of objects, each with a string 'name' and optional 'parameters'."""
+    if spec is None:
+        return None
+    if not isinstance(spec, list):
+        raise InferError(f"'outputs' must be a list of objects, got {show_value(spec)}")
+    for entry in spec:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise InferError("each entry of 'outputs' must be an object with a string 'name'")
+        params = _object(entry.get("parameters"), f"parameters of output '{entry['name']}'")
+        if "binary_data" in params:
+            flag_param(params, "binary_data")
+    return spec
+
+
+@dataclass(slots=True)
+class _InputPlan:
+    name: str
+    wire: str
+    shape: tuple[int, ...]
+    count: int
+    size: int | None  # binary_data_size; None: the values are the JSON 'data' of entry `index`
+    index: int
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What a request's JSON header asks for, checked once.
+
+    Clients repeat the same header on every call (perf_analyzer, tritonclient with fixed shapes),
+    so a header whose inputs are all binary is parsed and checked once and its plan reused, with
+    the response heads it has produced. The dicts and lists here are shared by the requests that
+    reuse the plan and are only read.
+    """
+
+    inputs: list[_InputPlan]
+    outputs: list[dict] | None
+    requested: list[str] | None
+    params: dict
+    binary_default: bool
+    request_id: str
+    priority: int
+    timeout: int
+    correlation: int | str
+    heads: dict | None  # response heads by output layout; None when the plan is not kept
+    checked: dict | None  # batch size by the model versions' validators that accepted it
+
+
+class _Plans:
+    """Plans of recent request headers: bounded in count and key size, so a client that sends
+    a new header every time costs a dict lookup and nothing more."""
+
+    MAX_PLANS = 64
+    MAX_KEY_BYTES = 4096
+    MAX_HEADS = 16  # response layouts per plan
+
+    def __init__(self) -> None:
+        self.plans: dict[bytes, _Plan] = {}
+
+    def plan(self, http: HttpRequest) -> tuple[_Plan, dict | None, memoryview]:
+        """(plan, the parsed header when it was parsed now, the binary part of the body)."""
+        body = http.body
+        length = http.headers.get(HEADER_LENGTH)
+        if length is None:
+            header = _parse_json(body)
+            return _make_plan(header, keep=False), header, memoryview(b"")
+        try:
+            n = int(length)
+        except ValueError:
+            raise InferError(f"invalid Inference-Header-Content-Length '{length}'") from None
+        if n < 0 or n > len(body):
+            raise InferError(
+                f"Inference-Header-Content-Length {n} exceeds the request body of {len(body)} "
+                "bytes"
+            )
+        view = memoryview(body)
+        key = None
+        if n <= self.MAX_KEY_BYTES:
+            key = bytes(view[:n])
+            plan = self.plans.get(key)
+            if plan is not None:
+                return plan, None, view[n:]
+        header = _parse_json(view[:n])
+        plan = _make_plan(header, keep=key is not None)
+        if plan.heads is not None:
+            plans = self.plans
+            if len(plans) >= self.MAX_PLANS:
+                del plans[next(iter(plans))]  # the oldest goes
+            plans[key] = plan
+        return plan, header, view[n:]
+
+
+def _make_plan(header: dict, keep: bool) -> _Plan:
+    specs = header.get("inputs")
+    if not isinstance(specs, list) or not specs:
+        raise InferError("inference request has no 'inputs'")
+    inputs: list[_InputPlan] = []
+    seen: set[str] = set()
+    for index, spec in enumerate(specs):
+        name, wire, shape, params = _input_spec(spec)
+        if name in seen:
+            raise InferError(f"input '{name}' is given twice")
+        seen.add(name)
+        size = params.get("binary_data_size")
+        try:
+            count = shape_count(shape)
+        except ValueError as err:
+            raise InferError(f"input '{name}': {err}") from None
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise InferError(
+                    f"input '{name}': 'binary_data_size' must be a non-negative integer, "
+                    f"got {show_value(size)}"
+                )
+        elif "data" not in spec:
+            raise InferError(f"input '{name}' has neither 'data' nor binary data")
+        else:
+            keep = False  # the values are in the header: it is not repeated
+        inputs.append(_InputPlan(name, wire, shape, count, size, index))
+    outputs = _outputs(header.get("outputs"))
+    params = _object(header.get("parameters"), "request 'parameters'")
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InferError(f"request 'id' must be a string, got {show_value(request_id)}")
+    return _Plan(
+        inputs=inputs,
+        outputs=outputs,
+        requested=[o["name"] for o in outputs] if outputs else None,
+        params=params,
+        binary_default=flag_param(params, "binary_data_output"),
+        request_id=request_id,
+        priority=natural_param(params, "priority"),
+        timeout=natural_param(params, "timeout"),
+        correlation=sequence_param(params),
+        heads={} if keep else None,
+        checked={} if keep else None,
+    )
+
+
+def _decode_inputs(plan: _Plan, header: dict | None, binary: memoryview) -> tuple[dict, dict]:
+    """The input arrays: views of the binary part, or converted JSON 'data' (header given)."""
+    inputs: dict[str, np.ndarray] = {}
+    wire_types: dict[str, str] = {}
+    offset = 0
+    available = len(binary)
+    for p in plan.inputs:
+        name, size = p.name, p.size
+        try:
+            if size is not None:
+                if offset + size > available:
+                    raise InferError(
+                        f"unexpected end of binary data for input '{name}': needs {size} bytes, "
+                        f"{available - offset} remain"
+                    )
+                array = tensor_from_bytes(binary[offset : offset + size], p.wire, p.shape, p.count)
+                offset += size
+            else:
+                assert header is not None  # plans with JSON data are never kept
+                array = _from_json_data(header["inputs"][p.index]["data"], p.wire, p.shape, p.count)
+        except ValueError as err:
+            raise InferError(f"input '{name}': {err}") from None
+        inputs[name] = array
+        wire_types[name] = p.wire
+    if offset != available:
+        raise InferError(f"{available - offset} unexpected bytes after the binary input data")
+    return inputs, wire_types
+
+
+def _input_spec(spec: Any) -> tuple[str, str, tuple, dict]:
+    """One entry of 'inputs', type-checked: (name, datatype, shape, parameters)."""
+    if not isinstance(spec, dict):
+        raise InferError("each entry of 'inputs' must be an object with name, datatype, shape")
+    name, wire, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
+    if not isinstance(name, str):
+        raise InferError(f"each input needs a string 'name', got {show_value(name)}")
+    if not isinstance(wire, str):
+        raise InferError(f"input '{name}' needs a string 'datatype', got {show_value(wire)}")
+    try:
+        wire_to_numpy(wire)
+    except ValueError:
+        raise InferError(f"input '{name}' has unknown datatype {show_value(wire)}") from None
+    if not isinstance(shape, list):
+        raise InferError(f"input '{name}' needs a 'shape' list, got {show_value(shape)}")
+    params = _object(spec.get("parameters"), f"parameters of input '{name}'")
+    return name, wire, tuple(shape), params
+
+
+def _from_json_data(data, wire: str, shape: tuple[int, ...], count: int) -> np.ndarray:
+    """JSON 'data' as an array; only strings for BYTES and only numbers otherwise."""
+    try:
+        flat = np.asarray(data, dtype=np.object_ if wire == "BYTES" else None).ravel()
+    except (ValueError, TypeError, OverflowError) as err:
+        raise ValueError(f"'data' is not a (nested) list of values: {err}") from None
+    if flat.size != count:
+        raise ValueError(f"shape {list(shape)} needs {count} values, 'data' has {flat.size}")
+    if wire == "BYTES":
+        # bytes(n) of a number would allocate n bytes: elements must be strings
+        if not all(isinstance(v, str) for v in flat):
+            raise ValueError("'data' of a BYTES input must hold strings")
+        out = np.empty(count, dtype=np.object_)
+        out[:] = [v.encode() for v in flat]
+        return out.reshape(shape)
+    if flat.dtype.kind not in "biuf":
+        raise ValueError(f"'data' of a {wire} input must hold numbers in range")
+    try:
+        return flat.astype(wire_to_numpy(wire)).reshape(shape)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ValueError(f"'data' does not convert to {wire}: {err}") from None
+
+
+def _encode_outputs(
+    model, request_id, outputs: dict, spec, binary_default: bool, heads: dict | None = None
+) -> HttpResponse:
+    """The response; with `heads` (a kept plan's), an all-binary head is built once per layout."""
+    key = None
+    if heads is not None:
+        key = (model.name, model.version, *((n, a.dtype, a.shape) for n, a in outputs.items()))
+        cached = heads.get(key)
+        if cached is not None:
+            head, sent, headers = cached
+            blobs = [tensor_to_bytes(outputs[name], wire) for name, wire in sent]
+            return HttpResponse(200, [head, *blobs], _BINARY_TYPE, headers)
+    if spec:
+        wanted = [(o["name"], (o.get("parameters") or {})) for o in spec]
+    else:
+        wanted = [(name, {}) for name in outputs]
+    entries, blobs, sent = [], [], []
+    for name, params in wanted:
+        if name not in outputs:
+            return error_response(500, f"model '{model.name}' did not produce output '{name}'")
+        array = outputs[name]
+        wire = numpy_to_wire(array.dtype)
+        entry: dict[str, Any] = {"name": name, "datatype": wire, "shape": list(array.shape)}
+        if wire == "BF16":  # JSON has no bfloat16; its values are exact as float32
+            array = array.astype(np.float32)
+        if params.get("binary_data", binary_default):
+            blob = tensor_to_bytes(array, wire)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+            sent.append((name, wire))
+        elif wire == "BYTES":
+            entry["data"] = [
+                v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+                for v in array.ravel()
+            ]
+        else:
+            entry["data"] = array.ravel().tolist()
+        entries.append(entry)
+    header: dict[str, Any] = {
+        "model_name": model.name,
+        "model_version": str(model.version),
+        "outputs": entries,
+    }
+    if request_id:
+        header["id"] = request_id
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if not blobs:
+        return HttpResponse(200, [head])
+    headers = [("Inference-Header-Content-Length", str(len(head)))]
+    # a head holds no values when every output is binary and of a fixed size per element
+    if key is not None and len(sent) == len(entries) and all(
+        wire not in ("BYTES", "BF16") for _, wire in sent
+    ):
+        if len(heads) >= _Plans.MAX_HEADS:
+            del heads[next(iter(heads))]
+        heads[key] = (head, sent, headers)
+    return HttpResponse(200, [head, *blobs], _BINARY_TYPE, headers)

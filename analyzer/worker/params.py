@@ -1,0 +1,64 @@
+"""Client values in API requests, checked: the JSON body, and request parameters by their type.
+
+Shared by the REST (http.py, http_tensors.py) and gRPC (grpc.py) APIs; a bad value raises an
+`InferError` whose message names it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from analyzer.worker.errors import InferError
+
+
+def _parse_json(body) -> dict:
+    try:
+        data = json.loads(bytes(body))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an int over 4300 digits
+        raise InferError(f"malformed JSON in request body: {err}") from None
+    except RecursionError:
+        raise InferError("malformed JSON in request body: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise InferError("request body must be a JSON object")
+    return data
+
+
+def show_value(value: Any) -> str:
+    """A client's value for an error message, short enough to stay one line."""
+    if isinstance(value, str | int | float | None):
+        return json.dumps(value)[:64]
+    return {list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _object(value: Any, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InferError(f"{what} must be a JSON object, got {show_value(value)}")
+    return value
+
+
+def flag_param(params: dict, key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InferError(f"parameter '{key}' must be true or false, got {show_value(value)}")
+    return value
+
+
+def natural_param(params: dict, key: str) -> int:
+    value = params.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InferError(
+            f"parameter '{key}' must be a non-negative integer, got {show_value(value)}"
+        )
+    return value
+
+
+def sequence_param(params: dict) -> int | str:
+    value = params.get("sequence_id", 0)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InferError(
+            f"parameter 'sequence_id' must be an integer or a string, got {show_value(value)}"
+        )
+    return value
