@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from analyzer.datatypes import tensor_to_bytes
-from analyzer.loadgen.grpc_client import grpc_message
+from analyzer.loadgen.grpc_call import grpc_message
 
 
 def http_infer_path(model: str, version: str = "") -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer.loadgen.measure import t95
+from analyzer.loadgen.stability import t95
 from analyzer.results.measurement import Measurement
 
 METHOD = "Student t, 95%, over rounds (comparisons paired by round)"
