@@ -24,6 +24,7 @@ from analyzer.results.checkpoint import Checkpoint, point_key
 from analyzer.results.finals import (
     Calibration,
     Comparison,
+    FinalResult,
     affordable_rounds,
     calibrate,
     cheapest,
@@ -93,7 +94,9 @@ def run_final_comparison(
     profiler: Profiler, model: ModelOutcome, options: PerfOptions, checkpoint: Checkpoint,
     fingerprint: str,
 ) -> None:  # fmt: skip
-    if profiler.fresh_worker_per_variant:
+    """The model's finalists measured again in interleaved rounds, when there are two or more and
+    two or more rounds; the result goes to `model.comparison` and each finalist's `final`."""
+    if profiler.session.fresh_worker_per_variant:
         # memory is ranked: each measurement needs a fresh worker, and rounds of worker starts
         # would cost more than the search; the configs keep their search points
         return
@@ -112,15 +115,36 @@ def run_final_comparison(
     )  # fmt: skip
     model.comparison = comparison
     by_name = {r.name: r for r in chosen}
+    got = _measure_rounds(profiler, spec.name, comparison, by_name, options, checkpoint,
+                          fingerprint)  # fmt: skip
+    finals = {name: summarize(ms) for name, ms in got.items()
+              if len(ms) == rounds and name not in comparison.dropped}  # fmt: skip
+    for name, final in finals.items():
+        by_name[name].final = final
+    if len(finals) < 2:
+        return
+    ranker.rank(list(model.results))  # the finalists' best is now the mean of their rounds
+    _conclude(comparison, ranker, by_name, finals, model.default)
+
+
+def _measure_rounds(
+    profiler: Profiler, model_name: str, comparison: Comparison,
+    by_name: dict[str, ConfigResult], options: PerfOptions, checkpoint: Checkpoint,
+    fingerprint: str,
+) -> dict[str, list[Measurement]]:  # fmt: skip
+    """Every finalist once a round, in each round's order, at its best search point: the
+    measurements per finalist. A finalist that fails is dropped (with its reason) from the rounds
+    that follow; the finalists left loaded are unloaded at the end."""
+    rounds = comparison.rounds
     trials = {}
-    for r in chosen:
+    for r in by_name.values():
         assert r.best is not None
         trials[r.name] = SearchPoint.make(r.params, r.best.load, r.best.value, r.best.batch_size)
     per_round = round_options(options)
     launcher = profiler.ensure_launcher()
     together = not launcher.remote
     got: dict[str, list[Measurement]] = {name: [] for name in by_name}
-    profiler.listener("final_start", {"model": spec.name, "comparison": comparison})
+    profiler.listener("final_start", {"model": model_name, "comparison": comparison})
     loaded: dict[str, int] = {}  # variant -> the worker start it was loaded into
     for index, order in enumerate(round_orders(list(by_name), rounds)):
         for name in order:
@@ -131,19 +155,10 @@ def run_final_comparison(
                             f"{fingerprint}|final round {index + 1} of {rounds}")  # fmt: skip
             measurement = checkpoint.points.get(key)
             if measurement is None:
-                if not together:
-                    profiler.unload_variant()
-                elif loaded.get(name) == profiler.outcome.worker_starts:
-                    profiler.loaded = profiler.loaded_as = name  # still loaded: no reload
-                try:
-                    measurement = profiler.measure_point(result, trial, per_round)
-                except LaunchSetupError:
-                    raise
-                except (LaunchError, ServerError, MeasurementError, OSError) as err:
-                    comparison.dropped[name] = profiler.failure_text(err)
-                    profiler.recover()
+                measurement = _measure_finalist(profiler, result, trial, per_round, together,
+                                                loaded, comparison)  # fmt: skip
+                if measurement is None:
                     continue
-                loaded[profiler.loaded_as] = profiler.outcome.worker_starts
                 checkpoint.record_point(key, measurement, "final_round")
             measurement.config_name = result.name
             got[name].append(measurement)
@@ -151,15 +166,40 @@ def run_final_comparison(
             comparison.seconds += measurement.wall_s
             profiler.listener("final_point", {"result": result, "measurement": measurement,
                                               "round": index + 1, "rounds": rounds})  # fmt: skip
-    _unload_all(profiler, {n for n, start in loaded.items()
-                           if start == profiler.outcome.worker_starts})  # fmt: skip
-    finals = {name: summarize(ms) for name, ms in got.items()
-              if len(ms) == rounds and name not in comparison.dropped}  # fmt: skip
-    for name, final in finals.items():
-        by_name[name].final = final
-    if len(finals) < 2:
-        return
-    ranker.rank(list(model.results))  # the finalists' best is now the mean of their rounds
+    profiler.session.unload_all({n for n, start in loaded.items()
+                                 if start == profiler.outcome.worker_starts})  # fmt: skip
+    return got
+
+
+def _measure_finalist(
+    profiler: Profiler, result: ConfigResult, trial: SearchPoint, per_round: PerfOptions,
+    together: bool, loaded: dict[str, int], comparison: Comparison,
+) -> Measurement | None:  # fmt: skip
+    """One round's point of one finalist, measured now. `together`: the finalists stay loaded
+    side by side (`loaded`: the worker start each was loaded into), so one still loaded is not
+    loaded again; on a remote server the previous one is unloaded first. None when it failed: it
+    is dropped from the comparison and the worker recovered."""
+    name = result.name
+    if not together:
+        profiler.unload_variant()
+    elif loaded.get(name) == profiler.outcome.worker_starts:
+        profiler.session.mark_loaded(name)  # still loaded: no reload
+    try:
+        measurement = profiler.measure_point(result, trial, per_round)
+    except LaunchSetupError:
+        raise
+    except (LaunchError, ServerError, MeasurementError, OSError) as err:
+        comparison.dropped[name] = profiler.failure_text(err)
+        profiler.recover()
+        return None
+    loaded[profiler.session.loaded_as] = profiler.outcome.worker_starts
+    return measurement
+
+
+def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigResult],
+              finals: dict[str, FinalResult], default: ConfigResult | None) -> None:  # fmt: skip
+    """What the rounds say: the leader, the configs tied with it within noise, the cheapest of
+    those as the recommendation, and its throughput against the default config's."""
     meeting = [n for n in finals if by_name[n].satisfies] or list(finals)
     leader = max(meeting, key=lambda n: by_name[n].score)
     comparison.leader = leader
@@ -170,7 +210,6 @@ def run_final_comparison(
     if chosen_name != leader:
         comparison.why = (f"{chosen_name} is tied with {leader} within noise and is cheaper: "
                           f"{reason}; it is recommended")  # fmt: skip
-    default = model.default
     if default is not None and default.name in finals and chosen_name != default.name:
         comparison.vs_default = ratio_interval(
             [m.metrics["perf_throughput"] for m in finals[chosen_name].rounds],
@@ -196,18 +235,3 @@ def _rounds(configured: int | None, calibration: Calibration | None, finalists: 
         text += (f"; {rounds} keep the comparison and the calibration within a quarter of the "
                  "search's time")
     return rounds, text
-
-
-def _unload_all(profiler: Profiler, names: set[str]) -> None:
-    if profiler.launcher is None:
-        return
-    if profiler.client is not None:
-        profiler.client.quiesce(30)
-    for name in names:
-        if name == profiler.loaded_as and profiler.loaded is not None:
-            profiler.unload_variant()
-            continue
-        try:
-            profiler.launcher.unload(name)
-        except LaunchError:
-            pass  # a worker that cannot unload is restarted by the next load if it died

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from analyzer.results.finals import Comparison
+from analyzer.results.outcome import ModelOutcome
 from analyzer.results.ranking import ConfigResult, top_across_models
 from analyzer.terminal import print_whole
 
@@ -62,24 +63,8 @@ class ProgressDisplay:
         return self.tasks[model]
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
-        if event == "worker_start":
-            self.console.print("[dim]starting the worker ...[/]")
-            return
-        if event == "placement":
-            self.console.print(f"[dim]{data['how']}[/]", highlight=False)
-            return
-        if event == "model_done":
-            if data["model"] in self.tasks:
-                self.progress.update(self.tasks[data["model"]], total=1, completed=1,
-                                     description="done")  # fmt: skip
-            return
-        if event == "model_failed":
-            self.console.print(f"[red]{data['model']}: {data['error']}[/]")
-            return
-        if event == "final_start":
-            c = data["comparison"]
-            self.console.print(f"  [bold]final comparison of {data['model']}[/]: "
-                               f"{', '.join(c.finalists)}, {c.rounds} rounds")  # fmt: skip
+        if event in ("worker_start", "placement", "model_done", "model_failed", "final_start"):
+            self._run_event(event, data)
             return
         result: ConfigResult = data["result"]
         task = self._task(result.model)
@@ -95,26 +80,7 @@ class ProgressDisplay:
             label = _load_label(trial.load, trial.value)
             self.progress.update(task, description=f"{result.name} {label}")
         elif event == "point":
-            m = data["measurement"]
-            throughput = m.metrics["perf_throughput"]
-            ok = not data["violations"]
-            best = self.best.get(result.model)
-            if ok and (best is None or throughput > best[0]):
-                self.best[result.model] = (throughput, result.name)
-                best_text = f"best {throughput:.0f} infer/s ({result.name})"
-                fields["best"] = best_text
-            fields["points"] += 1
-            self.progress.update(task, points=fields["points"], best=fields["best"])
-            mark = "" if ok else f" [yellow]breaks {'; '.join(data['violations'])}[/]"
-            if m.client_bound:
-                got = m.metrics.get
-                mark += (f" [yellow]client-bound ({got('effective_concurrency', 0):.1f} in flight, "
-                         f"client CPU {got('client_cpu_pct', 0):.0f}%, waited "
-                         f"{got('client_cpu_wait_pct', 0):.0f}% for one)[/]")
-            self.console.print(
-                f"  {result.name:<28} {_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
-                f"{throughput:9.1f} infer/s  p99 {m.metrics['perf_latency_p99']:8.3f} ms{mark}"
-            )
+            self._point(result, data, task, fields)
         elif event == "final_point":
             m = data["measurement"]
             self.console.print(
@@ -125,6 +91,47 @@ class ProgressDisplay:
             )
         elif event == "config_failed":
             self.console.print(f"  [red]{result.name} failed: {result.error.splitlines()[0]}[/]")
+
+    def _run_event(self, event: str, data: dict[str, Any]) -> None:
+        """The events of the run and of a model as a whole (no config of theirs)."""
+        if event == "worker_start":
+            self.console.print("[dim]starting the worker ...[/]")
+        elif event == "placement":
+            self.console.print(f"[dim]{data['how']}[/]", highlight=False)
+        elif event == "model_done":
+            if data["model"] in self.tasks:
+                self.progress.update(self.tasks[data["model"]], total=1, completed=1,
+                                     description="done")  # fmt: skip
+        elif event == "model_failed":
+            self.console.print(f"[red]{data['model']}: {data['error']}[/]")
+        elif event == "final_start":
+            c = data["comparison"]
+            self.console.print(f"  [bold]final comparison of {data['model']}[/]: "
+                               f"{', '.join(c.finalists)}, {c.rounds} rounds")  # fmt: skip
+
+    def _point(self, result: ConfigResult, data: dict[str, Any], task: Any,
+               fields: dict[str, Any]) -> None:  # fmt: skip
+        """A measured point: its line, and the model's best so far in the bar."""
+        m = data["measurement"]
+        throughput = m.metrics["perf_throughput"]
+        ok = not data["violations"]
+        best = self.best.get(result.model)
+        if ok and (best is None or throughput > best[0]):
+            self.best[result.model] = (throughput, result.name)
+            best_text = f"best {throughput:.0f} infer/s ({result.name})"
+            fields["best"] = best_text
+        fields["points"] += 1
+        self.progress.update(task, points=fields["points"], best=fields["best"])
+        mark = "" if ok else f" [yellow]breaks {'; '.join(data['violations'])}[/]"
+        if m.client_bound:
+            got = m.metrics.get
+            mark += (f" [yellow]client-bound ({got('effective_concurrency', 0):.1f} in flight, "
+                     f"client CPU {got('client_cpu_pct', 0):.0f}%, waited "
+                     f"{got('client_cpu_wait_pct', 0):.0f}% for one)[/]")
+        self.console.print(
+            f"  {result.name:<28} {_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
+            f"{throughput:9.1f} infer/s  p99 {m.metrics['perf_latency_p99']:8.3f} ms{mark}"
+        )
 
 
 def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
@@ -141,70 +148,9 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
         top = measured[: max(c.num_configs_per_model, 1)]
         if default is not None and default.measurements and default not in top:
             top.append(default)
-        table = Table(box=box.SIMPLE_HEAD, title=f"Top configs of {model.spec.name} (objectives: "
-                      + ", ".join(f"{t} x{w:g}" for t, w in model.spec.objectives.items())
-                      + ")")  # fmt: skip
-        finals = model.comparison is not None and any(r.final for r in top)
-        columns = ["rank", "config", "instances", "max batch", "delay us", "load", "infer/s"]
-        columns += ["95% CI infer/s"] if finals else []
-        columns += ["p99 ms"] + (["95% CI p99 ms"] if finals else [])
-        columns += ["vs default", "meets constraints"]
-        for col in columns:
-            if col == "config":
-                table.add_column(col, no_wrap=True)
-            else:
-                table.add_column(col, justify="right")
-        base = _throughput(default)
-        for r in top:
-            m = r.best
-            assert m is not None
-            ratio = f"{m.metrics['perf_throughput'] / base:.2f}x" if base else "-"
-            delay = r.description["max_queue_delay_us"]
-            row = [
-                str(r.rank) + ("=" if r.final is not None and r.final.tied else ""),
-                r.name + (" *" if r.pareto else ""), r.description["instance_group"],
-                str(r.description["max_batch_size"]), "-" if delay is None else str(delay),
-                f"{_load_label(m.load, m.value)} b={m.batch_size}",
-                f"{m.metrics['perf_throughput']:.1f}",
-            ]  # fmt: skip
-            if finals:
-                f = r.final
-                row.append(f"{f.throughput.low:.1f}-{f.throughput.high:.1f}" if f else "-")
-            row.append(f"{m.metrics['perf_latency_p99']:.3f}")
-            if finals:
-                row.append(f"{f.p99.low:.3f}-{f.p99.high:.3f}" if f else "-")
-            row += [ratio, "yes" if r.satisfies else "[yellow]no[/]"]
-            table.add_row(*row)
-        print_whole(console, table)
-        if model.pareto:
-            front = [r.name for r in measured if r.pareto]
-            console.print(f"  * on the Pareto front of {', '.join(model.pareto)}: "
-                          f"{len(front)} config(s), ranked first: {', '.join(front)}")  # fmt: skip
-        for r in top:
-            if r.violations:
-                console.print(f"  [yellow]{r.name} breaks {'; '.join(r.violations)}[/]")
-            if r.best is not None and not r.best.stable and r.final is None:
-                ci = r.best.metrics.get("perf_throughput_ci_pct")
-                spread = f" (95% CI ±{ci:.0f}%)" if ci is not None else ""
-                console.print(f"  [yellow]{r.name}: its best point never settled within the "
-                              f"stability band{spread}: its numbers are noisy[/]")  # fmt: skip
-            if r.best is not None and r.best.client_bound:
-                console.print(f"  [yellow]{r.name}: its best point was client-bound: the load "
-                              "generator, not the server, limited it[/]")  # fmt: skip
-        if len(measured) > len(top):
-            console.print(f"  ... and {len(measured) - len(top)} more configs in the CSV")
-        winner = measured[0] if measured else None
-        if winner is not None:
-            console.print(recommendation(winner, default))
-        if model.comparison is not None:
-            console.print(how_sure(model.comparison))
-        for r in model.results:
-            if r.error:
-                console.print(f"  [red]failed[/] {r.name} ({_setting(r)}): "
-                              f"{r.error.splitlines()[0]}")  # fmt: skip
-        if model.skipped:
-            console.print(f"  [dim]skipped {len(model.skipped)} combinations that cannot work "
-                          f"(e.g. {model.skipped[0]})[/]")  # fmt: skip
+        print_whole(console, _top_table(model, top, default))
+        _print_notes(console, model, measured, top)
+        _print_verdict(console, model, measured, top)
     if c.num_top_model_configs > 0:
         _print_across_models(outcome, console)
     console.print(
@@ -215,6 +161,90 @@ def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
     console.print(f"Configs: {c.output_model_repository_path}")
     for label, path in paths.items():
         console.print(f"{label}: {path}")
+
+
+def _top_table(model: ModelOutcome, top: list[ConfigResult],
+               default: ConfigResult | None) -> Table:  # fmt: skip
+    """A model's top configs (and its default), with the final rounds' intervals if they ran."""
+    table = Table(box=box.SIMPLE_HEAD, title=f"Top configs of {model.spec.name} (objectives: "
+                  + ", ".join(f"{t} x{w:g}" for t, w in model.spec.objectives.items())
+                  + ")")  # fmt: skip
+    finals = model.comparison is not None and any(r.final for r in top)
+    columns = ["rank", "config", "instances", "max batch", "delay us", "load", "infer/s"]
+    columns += ["95% CI infer/s"] if finals else []
+    columns += ["p99 ms"] + (["95% CI p99 ms"] if finals else [])
+    columns += ["vs default", "meets constraints"]
+    for col in columns:
+        if col == "config":
+            table.add_column(col, no_wrap=True)
+        else:
+            table.add_column(col, justify="right")
+    base = _throughput(default)
+    for r in top:
+        table.add_row(*_top_row(r, base, finals))
+    return table
+
+
+def _top_row(r: ConfigResult, base: float, finals: bool) -> list[str]:
+    """One config's row of the top table (`base`: the default's throughput, 0 if none)."""
+    m = r.best
+    assert m is not None
+    ratio = f"{m.metrics['perf_throughput'] / base:.2f}x" if base else "-"
+    delay = r.description["max_queue_delay_us"]
+    row = [
+        str(r.rank) + ("=" if r.final is not None and r.final.tied else ""),
+        r.name + (" *" if r.pareto else ""), r.description["instance_group"],
+        str(r.description["max_batch_size"]), "-" if delay is None else str(delay),
+        f"{_load_label(m.load, m.value)} b={m.batch_size}",
+        f"{m.metrics['perf_throughput']:.1f}",
+    ]  # fmt: skip
+    if finals:
+        f = r.final
+        row.append(f"{f.throughput.low:.1f}-{f.throughput.high:.1f}" if f else "-")
+    row.append(f"{m.metrics['perf_latency_p99']:.3f}")
+    if finals:
+        row.append(f"{f.p99.low:.3f}-{f.p99.high:.3f}" if f else "-")
+    row += [ratio, "yes" if r.satisfies else "[yellow]no[/]"]
+    return row
+
+
+def _print_notes(console: Console, model: ModelOutcome, measured: list[ConfigResult],
+                 top: list[ConfigResult]) -> None:  # fmt: skip
+    """Under the table: the Pareto front, and per top config what to distrust in its numbers."""
+    if model.pareto:
+        front = [r.name for r in measured if r.pareto]
+        console.print(f"  * on the Pareto front of {', '.join(model.pareto)}: "
+                      f"{len(front)} config(s), ranked first: {', '.join(front)}")  # fmt: skip
+    for r in top:
+        if r.violations:
+            console.print(f"  [yellow]{r.name} breaks {'; '.join(r.violations)}[/]")
+        if r.best is not None and not r.best.stable and r.final is None:
+            ci = r.best.metrics.get("perf_throughput_ci_pct")
+            spread = f" (95% CI ±{ci:.0f}%)" if ci is not None else ""
+            console.print(f"  [yellow]{r.name}: its best point never settled within the "
+                          f"stability band{spread}: its numbers are noisy[/]")  # fmt: skip
+        if r.best is not None and r.best.client_bound:
+            console.print(f"  [yellow]{r.name}: its best point was client-bound: the load "
+                          "generator, not the server, limited it[/]")  # fmt: skip
+
+
+def _print_verdict(console: Console, model: ModelOutcome, measured: list[ConfigResult],
+                   top: list[ConfigResult]) -> None:  # fmt: skip
+    """The recommendation and how sure it is, then the configs that failed or were skipped."""
+    if len(measured) > len(top):
+        console.print(f"  ... and {len(measured) - len(top)} more configs in the CSV")
+    winner = measured[0] if measured else None
+    if winner is not None:
+        console.print(recommendation(winner, model.default))
+    if model.comparison is not None:
+        console.print(how_sure(model.comparison))
+    for r in model.results:
+        if r.error:
+            console.print(f"  [red]failed[/] {r.name} ({_setting(r)}): "
+                          f"{r.error.splitlines()[0]}")  # fmt: skip
+    if model.skipped:
+        console.print(f"  [dim]skipped {len(model.skipped)} combinations that cannot work "
+                      f"(e.g. {model.skipped[0]})[/]")  # fmt: skip
 
 
 def _throughput(result: ConfigResult | None) -> float:

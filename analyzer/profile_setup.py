@@ -1,0 +1,170 @@
+"""What the profile settings make before the loop measures anything: the checks that refuse a run
+before anything is written, the output repository claimed, the CPU placement, and per model the
+load generator's options, the search limits and the search strategy.
+
+Each is a function of the settings (and of the model being profiled); the loop is profiler.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from analyzer.config.profile_config import ModelSpec, ProfileConfig, ProfileConfigError
+from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
+from analyzer.launch.cpus import CpuListError, Placement, plan_placement
+from analyzer.loadgen.inputs import parse_shapes
+from analyzer.loadgen.measure import MeasureSettings
+from analyzer.loadgen.perf import PerfOptions
+from analyzer.repository.repository import ModelSource
+from analyzer.results.checkpoint import Checkpoint
+from analyzer.results.metrics import DIRECTIONS
+from analyzer.results.outcome import ModelOutcome
+from analyzer.search.base import SearchLimits, SearchStrategy
+from analyzer.search.brute import BruteSearch
+from analyzer.search.ledger import redact_url
+from analyzer.search.optuna import OptunaSearch, OptunaSettings
+from analyzer.search.quick import QuickSearch
+from analyzer.search.space import SearchSpace
+
+
+def check_objectives(config: ProfileConfig) -> None:
+    """Every optuna objective is a metric with a direction."""
+    c = config
+    for tag in c.optuna_objectives or []:
+        if tag not in DIRECTIONS:
+            raise ProfileConfigError(
+                f"optuna_objectives has '{tag}'; known: {', '.join(DIRECTIONS)}"
+            )
+
+
+def check_folders(config: ProfileConfig) -> None:
+    """The one folder a run may delete must hold nothing else of the user's or of the run:
+    refused before anything is written."""
+    c = config
+    repo, export = Path(c.model_repository), c.export
+    every = {"is", "contains", "inside"}
+    mine = {"is", "contains"}  # the default layout puts it inside these (./output_models)
+    refuse_overlap("output_model_repository_path", c.output_repository, {
+        "root folder": (Path("/"), mine),
+        "home folder": (Path.home(), mine),
+        "working directory": (Path.cwd(), mine),
+        "model repository": (repo, every),
+        "export path": (export, mine),
+        "results folder": (export / "results", every),
+        "reports folder": (export / "reports", every),
+        "logs folder": (export / "logs", every),
+        "checkpoint folder": (c.checkpoints, every),
+    })  # fmt: skip
+    refuse_overlap("export_path", export, {"model repository": (repo, {"is", "inside"})})
+    refuse_overlap("checkpoint_directory", c.checkpoints,
+                   {"model repository": (repo, {"is", "inside"})})  # fmt: skip
+
+
+def prepare_output(config: ProfileConfig, checkpoint: Checkpoint) -> OutputFolder:
+    """The output model repository, locked for this run (see fsutil.claim_output_folder)."""
+    out = config.output_repository
+    resuming = checkpoint.resumed and checkpoint.meta.get("output_repository") == str(out)
+    folder = claim_output_folder(out, config.override_output_model_repository, resuming)
+    if not resuming:
+        checkpoint.record_meta(output_repository=str(out), started=time.time())
+    return folder
+
+
+def cpu_placement(config: ProfileConfig) -> Placement:
+    """The worker's and the load generator's CPU sets (see launch/cpus.py)."""
+    c = config
+    worker = c.worker_cpus
+    docker_set = str((c.triton_docker_args or {}).get("cpuset_cpus", ""))
+    if c.triton_launch_mode == "docker" and docker_set and not worker:
+        worker = docker_set  # the container's own cpuset is the worker's set
+    try:
+        return plan_placement(worker, c.client_cpus, c.triton_launch_mode != "remote")
+    except CpuListError as err:
+        raise ProfileConfigError(str(err)) from None
+
+
+def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSettings, PerfOptions]:
+    """The load generator's settings for one model: the run's, overridden by the model's
+    perf_analyzer_flags. InputError or ValueError when its flags are wrong."""
+    c, flags = config, spec.perf_analyzer_flags
+    window = int(flags.get("measurement-interval", c.measurement_interval))
+    settings = MeasureSettings(
+        mode=str(flags.get("measurement-mode", c.measurement_mode)),
+        window_ms=window,
+        request_count=int(flags.get("measurement-request-count", c.measurement_request_count)),
+        stability_pct=float(flags.get("stability-percentage", c.stability_percentage)),
+        max_trials=int(flags.get("max-trials", c.max_trials)),
+        percentile=int(flags["percentile"]) if "percentile" in flags else None,
+        min_window_ms=min(1000, window),
+    )
+    shapes = flags.get("shape") or c.shape or []
+    options = PerfOptions(
+        model=spec.name,
+        protocol=str(flags.get("protocol", c.client_protocol)),
+        distribution=str(flags.get("request-distribution", "constant")),
+        input_data=str(flags.get("input-data", "random")),
+        shapes=parse_shapes([shapes] if isinstance(shapes, str) else list(shapes)),
+        string_length=int(flags.get("string-length", 128)),
+        settings=settings,
+        seed=c.seed,
+    )
+    return settings, options
+
+
+def search_limits(config: ProfileConfig, spec: ModelSpec, source: ModelSource) -> SearchLimits:
+    c = config
+    return SearchLimits(
+        own_max_batch_size=source.config.max_batch_size,
+        min_model_batch_size=c.run_config_search_min_model_batch_size,
+        max_model_batch_size=c.run_config_search_max_model_batch_size,
+        min_instance_count=c.run_config_search_min_instance_count,
+        max_instance_count=c.run_config_search_max_instance_count,
+        min_concurrency=c.run_config_search_min_concurrency,
+        max_concurrency=c.run_config_search_max_concurrency,
+        min_request_rate=c.run_config_search_min_request_rate,
+        max_request_rate=c.run_config_search_max_request_rate,
+        batch_sizes=spec.batch_sizes,
+        concurrency=spec.concurrency,
+        request_rate=spec.request_rate,
+        request_rate_search=c.request_rate_search_enable,
+        search_disable=c.run_config_search_disable,
+        early_exit=c.early_exit_enable,
+        manual=spec.model_config_parameters,
+    )
+
+
+def search_strategy(
+    config: ProfileConfig, spec: ModelSpec, source: ModelSource, space: SearchSpace,
+    fingerprint: str, model: ModelOutcome,
+) -> SearchStrategy:  # fmt: skip
+    """The model's search, by run_config_search_mode; an optuna study also names itself and its
+    Pareto objectives in `model`."""
+    c = config
+    limits = search_limits(c, spec, source)
+    mode = c.run_config_search_mode
+    if mode == "brute" or limits.manual or limits.search_disable:
+        return BruteSearch(space, limits)
+    if mode == "quick":
+        return QuickSearch(space, limits, top_configs=c.num_configs_per_model)
+    tags = tuple(c.optuna_objectives or ())
+    study_name = c.study_name or f"model-analyzer-{spec.name}"
+    if c.study_name and len(c.models) > 1:
+        study_name = f"{c.study_name}-{spec.name}"  # one study per model
+    storage = c.storage or f"sqlite:///{c.checkpoints / 'optuna.db'}"
+    c.checkpoints.mkdir(parents=True, exist_ok=True)
+    settings = OptunaSettings(
+        storage=storage, study_name=study_name,
+        sampler=c.optuna_sampler, seed=c.seed, min_trials=c.optuna_min_trials,
+        max_trials=c.optuna_max_trials, early_exit_threshold=c.optuna_early_exit_threshold,
+        min_percentage=c.min_percentage_of_search_space,
+        max_percentage=c.max_percentage_of_search_space, objectives=tags,
+        fingerprint=fingerprint,
+    )  # fmt: skip
+    # the results file names the study; a password in the URL is not written down
+    model.study = {"storage": redact_url(storage), "study_name": settings.study_name}
+    model.pareto = list(tags) if len(tags) > 1 else []
+    directions = [
+        "maximize" if DIRECTIONS[t] else "minimize" for t in tags
+    ] or ["maximize"]
+    return OptunaSearch(space, limits, settings, c.num_configs_per_model, directions)

@@ -1,0 +1,240 @@
+"""The one worker, load generator and monitors a profile run measures with.
+
+A `WorkerSession` starts the worker (and restarts it when it died), loads a variant into it,
+moves the load generator's processes and connections from variant to variant (a payload switch,
+not a restart), samples the GPUs and the worker's CPU over the same windows, measures one point,
+recovers after a failed config and shuts everything down at the end. The search loop
+(profiler.py) and the final comparison (final_comparison.py) measure through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from analyzer.config.profile_config import ProfileConfig
+from analyzer.launch.base import Launcher, LaunchError
+from analyzer.launch.cpus import Placement
+from analyzer.launch.docker import DockerLauncher
+from analyzer.launch.local import LocalLauncher
+from analyzer.launch.remote import RemoteLauncher
+from analyzer.loadgen.client import LoadClient
+from analyzer.loadgen.control import control_client
+from analyzer.loadgen.inputs import model_io
+from analyzer.loadgen.measure import Measurer
+from analyzer.loadgen.perf import PerfOptions, encode_payloads
+from analyzer.monitor.base import Sampler
+from analyzer.monitor.cpu import CpuSampler
+from analyzer.monitor.gpu import GpuSampler
+from analyzer.monitor.metrics_gpu import MetricsGpuSampler
+from analyzer.results.measurement import Measurement, from_point
+from analyzer.results.outcome import ProfileOutcome
+from analyzer.results.ranking import ConfigResult
+from analyzer.search.base import SearchPoint
+from analyzer.search.ledger import owner_id
+
+Listener = Callable[[str, dict[str, Any]], None]  # (event, data) for progress displays
+
+
+class WorkerSession:
+    """The worker and the load generator of a whole run, and which variant is loaded now.
+
+    `outcome` is the run's: the session counts worker starts in it and records the idle server's
+    metrics there."""
+
+    def __init__(self, config: ProfileConfig, outcome: ProfileOutcome, listener: Listener) -> None:
+        self.config = config
+        self.outcome = outcome
+        self.listener = listener
+        self.launcher: Launcher | None = None
+        self.client: LoadClient | None = None
+        self.samplers: dict[str, Sampler] = {}
+        self.loaded: str | None = None  # the variant loaded now
+        self.loaded_as = ""  # the name it is served under
+        self.payload_key: tuple | None = None
+        # when a memory metric is ranked on, every variant gets a fresh worker (set per model)
+        self.fresh_worker_per_variant = False
+        self.placement = Placement(None, None, "")  # CPU sets, planned when the run starts
+
+    def _ensure_worker(self) -> Launcher:
+        launcher = self.ensure_launcher()
+        if not launcher.alive():
+            self.listener("worker_start", {})
+            urls = (launcher.http_url, launcher.grpc_url)
+            launcher.start()
+            if urls != (launcher.http_url, launcher.grpc_url) and self.client is not None:
+                self.client.close()  # a port was lost and re-chosen: reconnect at the new URL
+                self.client, self.payload_key = None, None
+            self.outcome.worker_starts += 1
+            self.loaded = None
+            self._start_samplers()
+        return launcher
+
+    def ensure_launcher(self) -> Launcher:
+        if self.launcher is None:
+            c = self.config
+            flags = {}
+            for spec in c.models:
+                flags.update(spec.triton_server_flags)
+            flags.update(c.triton_server_flags)
+            if c.triton_launch_mode == "remote":
+                self.launcher = RemoteLauncher(c.triton_http_endpoint, c.triton_grpc_endpoint,
+                                               c.triton_metrics_url, c.server_startup_timeout)
+            elif c.triton_launch_mode == "docker":
+                self.launcher = DockerLauncher(
+                    c.triton_docker_image, c.output_repository, Path(c.model_repository),
+                    c.export / "logs" / "worker.log", flags, c.server_startup_timeout,
+                    gpus=[] if c.cpu_only else c.gpus, mounts=c.triton_docker_mounts,
+                    shm_size=c.triton_docker_shm_size, labels=c.triton_docker_labels,
+                    run_args={"cpuset_cpus": self.placement.worker_list,
+                              **(c.triton_docker_args or {})}
+                    if self.placement.worker else c.triton_docker_args,
+                )  # fmt: skip
+            else:
+                self.launcher = LocalLauncher(
+                    c.output_repository, c.export / "logs" / "worker.log", flags,
+                    c.server_startup_timeout, cpus=self.placement.worker_list, gpus=c.gpus,
+                )  # fmt: skip
+        return self.launcher
+
+    def _start_samplers(self) -> None:
+        for sampler in self.samplers.values():
+            sampler.stop()
+        interval = self.config.monitoring_interval
+        gpus = [g for g in self.config.gpus if g != "all"] or None
+        if self.launcher is not None and self.launcher.remote:
+            self.samplers = {"gpu": MetricsGpuSampler(self.launcher.metrics_url, gpus, interval)}
+        else:
+            self.samplers = {"gpu": GpuSampler(gpus, interval)}
+        if self.launcher is not None and self.launcher.pid:
+            self.samplers["cpu"] = CpuSampler(self.launcher.pid, interval)
+        for sampler in self.samplers.values():
+            sampler.start()
+        gpu = self.samplers["gpu"]
+        if gpu.available() and not self.outcome.server_only:
+            t0 = time.monotonic_ns()  # the idle server: MA's server-only metrics
+            time.sleep(max(0.5, 3 * interval))
+            summary = gpu.summary(t0, time.monotonic_ns())
+            self.outcome.server_only = [
+                {"gpu_uuid": g.uuid, "gpu_used_memory": g.memory_used_max_mb,
+                 "gpu_utilization": g.utilization_pct, "gpu_power_usage": g.power_w or 0.0}
+                for g in summary.gpus
+            ]  # fmt: skip
+
+    def measure_point(
+        self, result: ConfigResult, trial: SearchPoint, options: PerfOptions
+    ) -> Measurement:
+        """One point of a loaded (or now loaded) variant; the final comparison uses it too."""
+        launcher = self._ensure_worker()
+        # a remote server serves each variant under the model's own name, loaded by config
+        served = result.model if launcher.remote else result.name
+        if self.loaded != result.name:
+            self.listener("load", {"result": result})
+            launcher.load_variant(served, result.config_text)
+            self.loaded, self.loaded_as = result.name, served
+        url = launcher.grpc_url if options.protocol == "grpc" else launcher.http_url
+        control = control_client(options.protocol, url, served)
+        try:
+            key = (result.name, trial.batch_size, options.protocol)
+            if self.payload_key != key:
+                io = model_io(control.model_metadata(), control.model_config())
+                opts = dataclasses.replace(options, model=served, url=url,
+                                           batch_size=trial.batch_size)  # fmt: skip
+                payloads = encode_payloads(opts, io)
+                if self.client is None:
+                    processes = max(1, self.config.client_processes)
+                    self.client = LoadClient(options.protocol, url, payloads, processes,
+                                             self.config.seed)  # fmt: skip
+                    self.client.start()
+                else:
+                    self.client.set_payloads(payloads)
+                self.payload_key = key
+            measurer = Measurer(self.client, control, served, "", trial.batch_size,
+                                options.settings, self.samplers, True)  # fmt: skip
+            self.listener("measure", {"result": result, "trial": trial})
+            point = measurer.measure(trial.load, trial.value, options.distribution)
+            auto = self.config.client_processes <= 0
+            cores = len(os.sched_getaffinity(0))
+            while auto and point.more_clients_help and len(self.client.shards) < cores:
+                self.client.add_process()
+                point = measurer.measure(trial.load, trial.value, options.distribution)
+        finally:
+            control.close()
+        if not launcher.alive():
+            raise LaunchError(
+                f"the worker exited ({launcher.exit_status()}) during the measurement; its last "
+                f"log lines:\n{launcher.last_words()}"
+            )
+        measurement = from_point(point, result.model, result.name, trial.load, trial.value,
+                                 time.time())  # fmt: skip
+        measurement.host = owner_id()
+        return measurement
+
+    def failure_text(self, err: Exception) -> str:
+        text = str(err).strip()
+        launcher = self.launcher
+        if launcher is not None and not launcher.alive() and not text.startswith("the worker"):
+            status = launcher.exit_status()
+            text = (f"the worker exited ({status or 'unknown status'}) while serving this "
+                    f"config ({text}); its last log lines:\n{launcher.last_words()}")  # fmt: skip
+        return text
+
+    def recover(self) -> None:
+        """After a failed config: idle the load, unload, and restart the worker if it died."""
+        if self.client is not None:
+            try:
+                self.client.quiesce(10)
+            except (OSError, ConnectionError, EOFError):
+                self.client.close()
+                self.client, self.payload_key = None, None
+        if self.launcher is not None and not self.launcher.alive():
+            self.loaded = None
+            return  # restarted lazily by the next measurement
+        self.unload_variant()
+
+    def unload_variant(self) -> None:
+        if self.loaded is None or self.launcher is None:
+            return
+        if self.client is not None:
+            self.client.quiesce(30)
+        try:
+            self.launcher.unload(self.loaded_as)
+        except LaunchError:
+            pass  # a worker that cannot unload is restarted by the next load if it died
+        self.loaded = None
+        self.payload_key = None
+        if self.fresh_worker_per_variant:
+            self.launcher.stop()  # started again, clean, by the next measurement
+
+    def mark_loaded(self, name: str) -> None:
+        """`name` is still loaded in this worker (loaded before, under its own name): the next
+        measurement of it needs no load."""
+        self.loaded = self.loaded_as = name
+
+    def unload_all(self, names: set[str]) -> None:
+        """Unload the variants `names` (several may be loaded together in a local worker)."""
+        if self.launcher is None:
+            return
+        if self.client is not None:
+            self.client.quiesce(30)
+        for name in names:
+            if name == self.loaded_as and self.loaded is not None:
+                self.unload_variant()
+                continue
+            try:
+                self.launcher.unload(name)
+            except LaunchError:
+                pass  # a worker that cannot unload is restarted by the next load if it died
+
+    def shutdown(self) -> None:
+        for sampler in self.samplers.values():
+            sampler.stop()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.launcher is not None:
+            self.launcher.stop()
