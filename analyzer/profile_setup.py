@@ -16,9 +16,9 @@ from analyzer.launch.cpus import CpuListError, Placement, plan_placement
 from analyzer.loadgen.inputs import parse_shapes
 from analyzer.loadgen.measure import MeasureSettings
 from analyzer.loadgen.perf import PerfOptions
+from analyzer.metrics import DIRECTIONS
 from analyzer.repository.repository import ModelSource
 from analyzer.results.checkpoint import Checkpoint
-from analyzer.results.metrics import DIRECTIONS
 from analyzer.results.outcome import ModelOutcome
 from analyzer.search.base import SearchLimits, SearchStrategy
 from analyzer.search.brute import BruteSearch

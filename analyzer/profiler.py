@@ -24,6 +24,7 @@ from analyzer.loadgen.control import ServerError
 from analyzer.loadgen.inputs import InputError
 from analyzer.loadgen.measure import MeasurementError
 from analyzer.loadgen.perf import PerfOptions
+from analyzer.metrics import MEMORY_TAGS
 from analyzer.monitor.metrics_gpu import MetricsGpuSampler
 from analyzer.profile_setup import (
     check_folders,
@@ -49,7 +50,6 @@ from analyzer.repository.variants import (
 )
 from analyzer.results.checkpoint import Checkpoint, config_key, point_key
 from analyzer.results.measurement import Measurement, from_shared
-from analyzer.results.metrics import MEMORY_TAGS
 from analyzer.results.outcome import ModelOutcome, ProfileOutcome
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
 from analyzer.search.base import Outcome, SearchPoint, SearchStrategy

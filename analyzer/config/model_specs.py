@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.config.values import BY_NAME, ProfileConfigError, as_list, convert
-from analyzer.results.metrics import DIRECTIONS
+from analyzer.metrics import DIRECTIONS
 
 _MODEL_KEYS = {
     "cpu_only", "parameters", "objectives", "constraints", "weighting",

@@ -18,9 +18,9 @@ from typing import Any
 
 from analyzer.errors import AnalyzerError
 from analyzer.fsutil import atomic_write_text
+from analyzer.metrics import METRICS
 from analyzer.report.machine import machine_info
 from analyzer.results.measurement import Measurement
-from analyzer.results.metrics import METRICS
 from analyzer.results.ranking import ConfigResult, Ranker, top_across_models
 from analyzer.search.ledger import redact_url
 

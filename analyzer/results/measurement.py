@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from analyzer.loadgen.measure import PerfPoint
-from analyzer.results.metrics import point_metrics
+from analyzer.metrics import point_metrics
 
 if TYPE_CHECKING:
     from analyzer.search.ledger import SharedPoint

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from analyzer.metrics import DIRECTIONS, unit
 from analyzer.results.finals import Comparison, FinalResult
 from analyzer.results.measurement import Measurement
-from analyzer.results.metrics import DIRECTIONS, unit
 
 if TYPE_CHECKING:
     from analyzer.results.outcome import ProfileOutcome
