@@ -16,12 +16,13 @@ from rich.console import Console, RenderableType
 NOT_A_TERMINAL_WIDTH = 120
 
 
-def make_console(stderr: bool = False) -> Console:
+def make_console(stderr: bool = False, quiet: bool = False) -> Console:
+    """A console for stdout or stderr; a quiet one prints nothing (`--quiet`)."""
     stream = sys.stderr if stderr else sys.stdout
     width = None
     if not stream.isatty() and not os.environ.get("COLUMNS"):
         width = NOT_A_TERMINAL_WIDTH
-    return Console(stderr=stderr, highlight=False, width=width)
+    return Console(stderr=stderr, highlight=False, width=width, quiet=quiet)
 
 
 def print_whole(console: Console, renderable: RenderableType) -> None:

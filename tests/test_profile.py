@@ -415,3 +415,17 @@ def test_optuna_multi_objective_puts_the_pareto_front_first(tmp_path):
         assert free == c["pareto_optimal"], c["name"]
     page = (tmp_path / "EXP" / "reports" / "summaries" / "add_sub" / "result_summary.html")
     assert 'id="pareto"' in page.read_text()
+
+
+def test_quiet_prints_nothing_and_verbose_prints_each_points_details(tmp_path):
+    one = ["--model-repository", str(EXAMPLES), "--profile-models", "add_sub",
+           "--run-config-search-disable", "-c", "1", "--output-model-repository-path", "OUT",
+           *FAST]  # fmt: skip
+    quiet = profile(tmp_path, *one, "--export-path", "Q", "-q")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout == "" and quiet.stderr == ""
+    assert results(tmp_path / "Q")["models"][0]["configs"]  # quiet, not idle
+    verbose = profile(tmp_path, *one, "--export-path", "V", "--override-output-model-repository",
+                      "--verbose")  # fmt: skip
+    assert verbose.returncode == 0, verbose.stderr
+    assert "server queue" in verbose.stdout and "compute" in verbose.stdout

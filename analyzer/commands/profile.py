@@ -98,12 +98,15 @@ def _profile(config: ProfileConfig) -> int:
     from analyzer.report.exports import write_csvs, write_results
     from analyzer.report.html import render_reports
 
-    console = make_console()
+    console = make_console(quiet=config.quiet)
     err = make_console(stderr=True)
+    if config.verbose and not config.quiet:
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("analyzer").setLevel(logging.INFO)  # ours, not every library's
     for note in config.notes:
         console.print(f"note: {note}", markup=False)
     try:
-        with ProgressDisplay(console) as display:
+        with ProgressDisplay(console, config.verbose) as display:
             outcome = Profiler(config, display).run()
     except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)

@@ -32,8 +32,9 @@ def _setting(r: ConfigResult) -> str:
 class ProgressDisplay:
     """A rich progress bar over configs and load points, with the best result so far."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, verbose: bool = False) -> None:
         self.console = console
+        self.verbose = verbose  # every point's server-side times, CI and windows too
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("[bold]{task.fields[model]}[/]"),
@@ -132,6 +133,20 @@ class ProgressDisplay:
             f"  {result.name:<28} {_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
             f"{throughput:9.1f} infer/s  p99 {m.metrics['perf_latency_p99']:8.3f} ms{mark}"
         )
+        if self.verbose:
+            self.console.print(f"[dim]{_details(m)}[/]", highlight=False)
+
+
+def _details(m: Any) -> str:
+    """A point's figures behind its line: where the time went, how sure, how it was measured."""
+    got = m.metrics.get
+    parts = [f"    server queue {got('perf_server_queue', 0):.3f} ms",
+             f"compute {got('perf_server_compute_infer', 0):.3f} ms",
+             f"avg batch {got('server_avg_batch', 0):.2f}"]  # fmt: skip
+    if "perf_throughput_ci_pct" in m.metrics:
+        parts.append(f"throughput ±{m.metrics['perf_throughput_ci_pct']:.1f}%")
+    parts.append(f"client CPU {got('client_cpu_pct', 0):.0f}%")
+    return ", ".join(parts)
 
 
 def print_summary(outcome, console: Console, paths: dict[str, Any]) -> None:
