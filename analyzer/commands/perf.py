@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from analyzer.errors import AnalyzerError
 from analyzer.terminal import make_console
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def perf(
             client_processes=client_processes, server_pid=server_pid, gpus=list(gpus or []),
             monitor_interval_s=monitor_interval_ms / 1000.0, seed=seed,
         )  # fmt: skip
-    except ValueError as exc:  # AnalyzerError (InputError) and the flag parsers' ValueError
+    except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     raise typer.Exit(_run(options, latency_report_file, verbose_csv))
@@ -136,16 +137,16 @@ def perf(
 
 def _check(concurrency_range: str | None, request_rate_range: str | None, percentile: int | None,
            stability_percentage: float, positives: dict[str, int]) -> None:  # fmt: skip
-    """The checks no single flag's type makes; ValueError naming the flag and value."""
+    """The checks no single flag's type makes; one sentence naming the flag and value."""
     if concurrency_range and request_rate_range:
-        raise ValueError("give --concurrency-range or --request-rate-range, not both")
+        raise AnalyzerError("give --concurrency-range or --request-rate-range, not both")
     if percentile is not None and not 1 <= percentile <= 99:
-        raise ValueError(f"--percentile {percentile} must be between 1 and 99")
+        raise AnalyzerError(f"--percentile {percentile} must be between 1 and 99")
     for flag, value in positives.items():
         if value <= 0:
-            raise ValueError(f"{flag} {value} must be positive")
+            raise AnalyzerError(f"{flag} {value} must be positive")
     if stability_percentage <= 0:
-        raise ValueError(f"-s {stability_percentage:g} must be a positive percentage")
+        raise AnalyzerError(f"-s {stability_percentage:g} must be a positive percentage")
 
 
 def _run(options: PerfOptions, report_file: Path | None, verbose_csv: bool) -> int:

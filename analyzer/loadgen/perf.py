@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from analyzer.errors import AnalyzerError
 from analyzer.loadgen.client import LoadClient
 from analyzer.loadgen.control import ServerError, control_client
 from analyzer.loadgen.inputs import ModelIO, make_requests, model_io
@@ -65,7 +66,7 @@ def parse_range(flag: str, text: str, integer: bool) -> list:
         if start <= 0 or end < start or step <= 0:
             raise ValueError
     except ValueError:
-        raise ValueError(
+        raise AnalyzerError(
             f"{flag} '{text}' must be start[:end[:step]] with 0 < start <= end and step > 0"
         ) from None
     values, value = [], start
