@@ -209,3 +209,23 @@ def test_a_repository_the_container_user_cannot_read_is_one_clear_error(image, t
         launcher.load("add_sub")  # said before the worker fails on it
     launcher.user = "0"  # an explicit choice of root reads everything: no refusal
     launcher._check_readable(repo / "add_sub", walk=True)
+
+
+def test_a_port_taken_before_the_container_binds_it_is_chosen_again(image, tmp_path):
+    import socket
+
+    launcher = DockerLauncher(image, EXAMPLES, EXAMPLES, tmp_path / "logs" / "worker.log")
+    try:
+        with socket.socket() as thief:  # another process binds the chosen port first
+            thief.bind(("127.0.0.1", launcher.ports["http"]))
+            thief.listen()
+            taken = launcher.ports["http"]
+            launcher.start()
+            port = launcher.ports["http"]
+            assert port != taken and launcher.http_url.endswith(f":{port}")
+            assert launcher.alive()
+            with httpclient.InferenceServerClient(launcher.http_url) as client:
+                assert client.is_server_ready()
+    finally:
+        launcher.stop()
+    assert not _containers()

@@ -17,12 +17,23 @@ import http.client
 import json
 import os
 import secrets
+import socket
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import IO
 
 from analyzer.errors import AnalyzerError
 from analyzer.worker.restrict import KEY_HEADER, REPOSITORY_KEY_ENV
+
+READY_LINE = "model-analyzer serve ready:"  # the worker's first line once it serves
+PORT_TAKEN = "address already in use"  # the worker's words when a chosen port was taken
+PORT_ATTEMPTS = 3  # a start that lost a port to another process tries again with new ones
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class LaunchError(RuntimeError):
@@ -58,6 +69,14 @@ class Launcher(ABC):
 
     @abstractmethod
     def alive(self) -> bool: ...
+
+    def choose_ports(self) -> None:
+        """Free ports for a worker this launcher starts on this machine, and the URLs to them:
+        another process may take one before the worker binds it, so a start may choose again."""
+        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+        self.http_url = f"127.0.0.1:{self.ports['http']}"
+        self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
+        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
 
     def exit_status(self) -> str:
         """How the worker ended, in words ('' while it runs or when unknown)."""

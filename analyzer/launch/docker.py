@@ -30,13 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.launch.base import (
+    PORT_ATTEMPTS,
+    PORT_TAKEN,
+    READY_LINE,
     Launcher,
     LaunchError,
     LaunchSetupError,
     new_repository_key,
     open_log,
 )
-from analyzer.launch.local import free_port
 
 LABEL = "model-analyzer.worker"
 WORKER_USER = "1000:1000"  # the `worker` user of the images built by this project
@@ -104,10 +106,7 @@ class DockerLauncher(Launcher):
         self.user = str(self.run_args.pop("user", "") or "")  # "" = the image's USER or WORKER_USER
         self.network = str(self.run_args.pop("network_mode", "host"))
         self.repository_key, self._key_env = new_repository_key()
-        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
-        self.http_url = f"127.0.0.1:{self.ports['http']}"
-        self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
-        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+        self.choose_ports()
         self.client: Any = None
         self.container_id: str | None = None
         self._lifeline: Any = None
@@ -210,11 +209,24 @@ class DockerLauncher(Launcher):
             )
 
     def start(self) -> None:
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._start_once()
+                return
+            except LaunchError as exc:
+                if isinstance(exc, LaunchSetupError) or PORT_TAKEN not in str(exc) or (
+                        attempt == PORT_ATTEMPTS - 1):  # fmt: skip
+                    raise
+            self.stop()
+            self.choose_ports()  # another process took a port between choice and bind
+
+    def _start_once(self) -> None:
         import docker
 
         self.check()
         api = self.client.api
         open_log(self.log_path).close()  # created 0600 before the container writes to it
+        offset = self.log_path.stat().st_size  # this start's lines come after
         labels = {LABEL: "true", f"{LABEL}.owner": f"{os.uname().nodename}:{os.getpid()}",
                   **self.labels}  # fmt: skip
         try:
@@ -237,20 +249,25 @@ class DockerLauncher(Launcher):
         self._log_thread = threading.Thread(target=self._copy_logs, args=(self.container_id,),
                                             name="docker-logs", daemon=True)  # fmt: skip
         self._log_thread.start()
-        self._wait_ready()
+        self._wait_ready(offset)
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, offset: int) -> None:
+        """Ready when this start's log says so and its HTTP port answers: a port that answers
+        while the log is silent is another process's."""
         import http.client
 
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
+                if self._log_thread is not None:
+                    self._log_thread.join(timeout=2)  # the container's last words, copied
                 raise LaunchError(f"the worker container exited ({self.exit_status()}); its "
                                   f"last log lines:\n{self.last_words()}")  # fmt: skip
+            said = self.log_path.read_bytes()[offset:]
             conn = http.client.HTTPConnection("127.0.0.1", self.ports["http"], timeout=2)
             try:
                 conn.request("GET", "/v2/health/ready")
-                if conn.getresponse().status == 200:
+                if conn.getresponse().status == 200 and READY_LINE.encode() in said:
                     return
             except OSError:
                 pass

@@ -15,17 +15,22 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from analyzer.launch.base import Launcher, LaunchError, new_repository_key, open_log
+from analyzer.launch.base import (
+    PORT_ATTEMPTS,
+    PORT_TAKEN,
+    READY_LINE,
+    Launcher,
+    LaunchError,
+    new_repository_key,
+    open_log,
+)
 
 _PR_SET_PDEATHSIG = 1
-PORT_TAKEN = "address already in use"  # the worker's words when a chosen port was taken
-PORT_ATTEMPTS = 3
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -33,12 +38,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:  # pragma: no cover - not Linux
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LocalLauncher(Launcher):
@@ -58,17 +57,11 @@ class LocalLauncher(Launcher):
         self.startup_timeout_s = startup_timeout_s
         self.cpus = cpus  # taskset CPU list for the worker ("" = inherit)
         self.gpus = [g for g in (gpus or []) if g != "all"]  # the worker sees only these
-        self._choose_ports()
+        self.choose_ports()
         self.stop_timeout_s = stop_timeout_s  # after SIGTERM, then SIGKILL to the group
         self.repository_key, self._key_env = new_repository_key()
         self.process: subprocess.Popen | None = None
         self.starts = 0
-
-    def _choose_ports(self) -> None:
-        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
-        self.http_url = f"127.0.0.1:{self.ports['http']}"
-        self.grpc_url = f"127.0.0.1:{self.ports['grpc']}"
-        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
 
     def command(self) -> list[str]:
         cmd = [
@@ -92,7 +85,7 @@ class LocalLauncher(Launcher):
             status, output = exited
             if PORT_TAKEN not in output or attempt == PORT_ATTEMPTS - 1:
                 raise LaunchError(self._start_failure(status, output))
-            self._choose_ports()  # another process took a port between choice and bind
+            self.choose_ports()  # another process took a port between choice and bind
 
     def _start_once(self) -> tuple[str, str] | None:
         """None when the worker is ready; (its exit status, its output since this start) when it
@@ -116,7 +109,7 @@ class LocalLauncher(Launcher):
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             text = self.log_path.read_bytes()[offset:].decode(errors="replace")
-            if "model-analyzer serve ready:" in text:
+            if READY_LINE in text:
                 return None
             if self.process.poll() is not None:
                 status = self.exit_status()
