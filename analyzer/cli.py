@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from importlib import metadata
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -55,6 +56,15 @@ app.command(cls=ProfileCommand, context_settings={"help_option_names": ["-h", "-
 app.command()(report)
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        print(f"model-analyzer {metadata.version('model-analyzer')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Show the version and exit (MA's).")] = False,
+) -> None:  # fmt: skip
     """Find the best serving configuration for a model (Triton-compatible)."""

@@ -68,6 +68,18 @@ def test_yaml_then_command_line(tmp_path):
     assert any("perf_analyzer_path" in note for note in config.notes)
 
 
+def test_ma_flags_that_mean_nothing_here_are_accepted_with_a_note(tmp_path):
+    config = load_profile_config(
+        ["-m", str(EXAMPLES), "--profile-models", "add_sub", "--collect-cpu-metrics",
+         "--skip-detailed-reports", "--triton-output-path", "LOG", "--perf-analyzer-path",
+         "perf_analyzer", "-d", "30", "-r", "3", "--dcgm-disable=false"], cwd=tmp_path)  # fmt: skip
+    said = " ".join(config.notes)
+    for key in ("collect_cpu_metrics", "skip_detailed_reports", "triton_output_path",
+                "perf_analyzer_path", "duration_seconds", "client_max_retries", "dcgm_disable"):
+        assert f"'{key}' has no effect here" in said, key
+    assert "collect_cpu_metrics" not in config.values  # a note, never a setting
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "argv", "needle"),
     [
@@ -443,3 +455,12 @@ def test_optuna_sweeps_walk_outward_from_the_best_load_and_respect_a_latency_lim
 
 
 LIMIT_MS = 60.0
+
+
+def test_version_as_ma_has_it():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "analyzer", "--version"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0 and run.stdout.startswith("model-analyzer 0."), run.stdout

@@ -14,10 +14,15 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from analyzer.config.ignored import IGNORED
 from analyzer.config.values import FIELDS, Field, ProfileConfigError, parse_bool
 from analyzer.errors import usage_sentence
 
-_SWITCHES = {f"--{f.name.replace('_', '-')}" for f in FIELDS if f.cli and f.kind == "bool"}
+# MA's keys that mean nothing here have their flags too (a note says so): MA's scripts run as is
+_IGNORED = [Field(k, i.kind, help=f"MA's; no effect here: {i.why}.", flags=i.flags)
+            for k, i in IGNORED.items()]  # fmt: skip
+_OPTIONS = [f for f in FIELDS if f.cli] + _IGNORED
+_SWITCHES = {f"--{f.name.replace('_', '-')}" for f in _OPTIONS if f.kind == "bool"}
 
 
 def _option(f: Field) -> Any:
@@ -38,7 +43,7 @@ def profile_signature() -> inspect.Signature:
     keyword = inspect.Parameter.KEYWORD_ONLY
     return inspect.Signature(
         [inspect.Parameter(f.name, keyword, default=None, annotation=_option(f))
-         for f in FIELDS if f.cli]  # fmt: skip
+         for f in _OPTIONS]  # fmt: skip
     )
 
 

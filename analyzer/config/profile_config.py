@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 
 from analyzer.config.flags import parse_flags
+from analyzer.config.ignored import IGNORED
+from analyzer.config.ignored import note as ignored_note
 from analyzer.config.model_specs import ModelSpec, constraints, model_specs, objectives, perf_flags
 from analyzer.config.settings import Settings
 from analyzer.config.values import BY_NAME, FIELDS, ProfileConfigError, convert
@@ -27,27 +29,6 @@ from analyzer.cpulist import CpuListError, parse_cpu_list
 __all__ = ["ModelSpec", "ProfileConfig", "ProfileConfigError", "load_profile_config",
            "load_settings"]  # fmt: skip
 
-# MA keys that mean nothing here: accepted so an MA config file works, with a note saying why.
-IGNORED = {
-    "perf_analyzer_path": "the load generator is built in",
-    "perf_analyzer_timeout": "the load generator is built in",
-    "perf_analyzer_cpu_util": "the load generator measures its own CPU use",
-    "perf_analyzer_max_auto_adjusts": "the load generator is built in",
-    "perf_output": "the load generator is built in",
-    "perf_output_path": "the load generator is built in",
-    "triton_server_path": "the worker is model-analyzer serve",
-    "triton_install_path": "the worker is model-analyzer serve",
-    "triton_output_path": "the worker's log goes to EXPORT_PATH/logs",
-    "dcgm_disable": "GPUs are read through NVML",
-    "collect_cpu_metrics": "CPU metrics are always collected for a local worker",
-    "duration_seconds": "points stop when stable",
-    "client_max_retries": "requests are not retried",
-    "reload_model_disable": "variants are always loaded fresh",
-    "skip_summary_reports": "reports come with `model-analyzer report`",
-    "skip_detailed_reports": "reports come with `model-analyzer report`",
-    "always_report_gpu_metrics": "GPU metrics are reported whenever a GPU was sampled",
-    "log_level": "output is fixed",
-}
 STORAGE_VARIABLE = "MODEL_ANALYZER_STORAGE"
 _PATHS = ("model_repository", "output_model_repository_path", "export_path",
           "checkpoint_directory", "search_space")  # fmt: skip
@@ -102,6 +83,8 @@ def load_settings(cli: dict[str, Any], cwd: Path | None = None) -> ProfileConfig
     if cli.get("config_file"):
         where = str(cli["config_file"])
         raw = _read_yaml(Path(cli["config_file"]), notes)
+    notes += [ignored_note(k) for k in cli if k in IGNORED]
+    cli = {k: v for k, v in cli.items() if k not in IGNORED}
     sources = {k: where for k in raw} | {k: "command line" for k in cli}
     raw |= cli
     values = {f.name: convert(f, raw[f.name], sources[f.name]) if f.name in raw
@@ -140,7 +123,7 @@ def _read_yaml(path: Path, notes: list[str]) -> dict[str, Any]:
     raw: dict[str, Any] = {}
     for key, value in loaded.items():
         if key in IGNORED:
-            notes.append(f"'{key}' has no effect here: {IGNORED[key]}")
+            notes.append(ignored_note(key))
         elif key not in BY_NAME or key == "config_file":
             raise ProfileConfigError(f"{path}: key '{key}' is not a profile setting")
         else:

@@ -1,0 +1,44 @@
+"""NVIDIA Model Analyzer keys that mean nothing here. They are accepted in the YAML and on the
+command line, spelled as MA spells them, so an MA user's files and scripts run unchanged; each one
+given becomes a note saying what happens instead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Ignored:
+    why: str  # what happens instead, for the note
+    kind: str = "str"  # bool: a switch, as MA's store_true; otherwise a flag with a value
+    flags: tuple[str, ...] = ()  # MA's short flags
+
+
+_BUILT_IN = "the load generator is built in"
+_REPORTS = "profile always writes the summary and the detailed reports"
+IGNORED = {
+    "perf_analyzer_path": Ignored(_BUILT_IN),
+    "perf_analyzer_timeout": Ignored(_BUILT_IN),
+    "perf_analyzer_cpu_util": Ignored("the load generator measures its own CPU use"),
+    "perf_analyzer_max_auto_adjusts": Ignored(_BUILT_IN),
+    "perf_output": Ignored(_BUILT_IN, "bool"),
+    "perf_output_path": Ignored(_BUILT_IN),
+    "triton_server_path": Ignored("the worker is model-analyzer serve"),
+    "triton_install_path": Ignored("the worker is model-analyzer serve"),
+    "triton_output_path": Ignored("the worker's log goes to EXPORT_PATH/logs"),
+    "dcgm_disable": Ignored("GPUs are read through NVML", "bool"),
+    "collect_cpu_metrics": Ignored("CPU metrics are always collected for a local worker", "bool"),
+    "duration_seconds": Ignored("points stop when stable", flags=("-d",)),
+    "client_max_retries": Ignored("requests are not retried", flags=("-r",)),
+    "reload_model_disable": Ignored("variants are always loaded fresh", "bool"),
+    "skip_summary_reports": Ignored(_REPORTS, "bool"),
+    "skip_detailed_reports": Ignored(_REPORTS, "bool"),
+    "always_report_gpu_metrics": Ignored(
+        "GPU metrics are reported whenever a GPU was sampled", "bool"
+    ),
+    "log_level": Ignored("output is fixed"),
+}
+
+
+def note(key: str) -> str:
+    return f"'{key}' has no effect here: {IGNORED[key].why}"
