@@ -19,6 +19,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from test_launch_safety import start_with_its_http_port_taken
 from test_profile import EXAMPLES, FAST, ROOT, SEED, profile, read_csv
 from tritonclient.utils import InferenceServerException
 
@@ -212,20 +213,9 @@ def test_a_repository_the_container_user_cannot_read_is_one_clear_error(image, t
 
 
 def test_a_port_taken_before_the_container_binds_it_is_chosen_again(image, tmp_path):
-    import socket
-
     launcher = DockerLauncher(image, EXAMPLES, EXAMPLES, tmp_path / "logs" / "worker.log")
     try:
-        with socket.socket() as thief:  # another process binds the chosen port first
-            thief.bind(("127.0.0.1", launcher.ports["http"]))
-            thief.listen()
-            taken = launcher.ports["http"]
-            launcher.start()
-            port = launcher.ports["http"]
-            assert port != taken and launcher.http_url.endswith(f":{port}")
-            assert launcher.alive()
-            with httpclient.InferenceServerClient(launcher.http_url) as client:
-                assert client.is_server_ready()
+        start_with_its_http_port_taken(launcher)
     finally:
         launcher.stop()
     assert not _containers()

@@ -218,8 +218,8 @@ def test_stubs_of_a_worker_killed_outright_are_killed_on_restart_and_stop(launch
     assert not _empty_group(new_group)
 
 
-def test_a_port_taken_between_choice_and_bind_is_chosen_again(launcher):
-    worker = launcher()
+def start_with_its_http_port_taken(worker) -> None:
+    """Start `worker` while another socket holds the HTTP port it chose: it must choose again."""
     with socket.socket() as thief:  # another process binds the chosen port first
         thief.bind(("127.0.0.1", worker.ports["http"]))
         thief.listen()
@@ -227,9 +227,15 @@ def test_a_port_taken_between_choice_and_bind_is_chosen_again(launcher):
         worker.start()
         port = worker.ports["http"]
         assert port != taken and worker.http_url.endswith(f":{port}")
-        assert worker.starts == 2 and worker.alive()
+        assert worker.alive()
         with httpclient.InferenceServerClient(worker.http_url) as client:
             assert client.is_server_ready()
+
+
+def test_a_port_taken_between_choice_and_bind_is_chosen_again(launcher):
+    worker = launcher()
+    start_with_its_http_port_taken(worker)
+    assert worker.starts == 2
 
 
 def test_a_worker_that_cannot_start_says_why_on_the_first_line(launcher, tmp_path):

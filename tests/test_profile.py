@@ -429,3 +429,26 @@ def test_quiet_prints_nothing_and_verbose_prints_each_points_details(tmp_path):
                       "--verbose")  # fmt: skip
     assert verbose.returncode == 0, verbose.stderr
     assert "server queue" in verbose.stdout and "compute" in verbose.stdout
+
+
+def test_an_ma_config_with_tritonserver_flags_runs_with_notes(tmp_path):
+    (tmp_path / "cfg.yaml").write_text(
+        f"model_repository: {EXAMPLES}\n"
+        "profile_models: add_sub\n"
+        "run_config_search_disable: true\n"
+        "concurrency: 1\n"
+        "triton_server_flags:\n"
+        "  strict-model-config: false\n"
+        "  log-verbose: 1\n"
+        "  backend-config: python,shm-default-byte-size=1048576\n"
+    )
+    run = profile(tmp_path, "-f", "cfg.yaml", "-v", "--collect-cpu-metrics",
+                  "--skip-detailed-reports", "--triton-output-path", "LOG",
+                  "--perf-analyzer-path", "perf_analyzer", "--output-model-repository-path",
+                  "OUT", "--export-path", "EXP", *FAST)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "'collect_cpu_metrics' has no effect here" in run.stdout
+    assert results(tmp_path / "EXP")["models"][0]["configs"][0]["measurements"]
+    log = (tmp_path / "EXP" / "logs" / "worker.log").read_text()
+    assert "note: --strict-model-config has no effect here" in log
+    assert "note: --backend-config has no effect here" in log

@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from analyzer.commands import triton_flags
 from analyzer.config.values import parse_bool
 from analyzer.worker.limits import Limits, parse_size, size_text
 
@@ -93,14 +95,17 @@ def serve(
             "on an idle core). false: Linux's default policy for every thread."
         ),
     ] = "true",
-    **caps: Any,
+    **more: Any,
 ) -> None:
     """Serve a model repository with Triton's HTTP/REST, gRPC and metrics protocols.
+    tritonserver's other flags are accepted too, each with a note that it has no effect here.
     \f
     (Long because its parameters are the command's flags, declared once, here.)"""
     from analyzer.worker.server import ServeOptions
     from analyzer.worker.server import serve as run_worker
 
+    for note in triton_flags.notes(more):
+        print(note, file=sys.stderr)
     logging.basicConfig(
         level=logging.INFO if log_verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -118,7 +123,7 @@ def serve(
         allow_metrics=_switch("--allow-metrics", allow_metrics),
         exit_on_error=_switch("--exit-on-error", exit_on_error),
         exit_on_stdin_eof=exit_on_stdin_eof,
-        limits=_limits(caps),
+        limits=_limits(more),
         allow_model_file_uploads=_switch("--allow-model-file-uploads", allow_model_file_uploads),
         http_restricted_api=list(http_restricted_api or []),
         grpc_restricted_protocol=list(grpc_restricted_protocol or []),
@@ -163,4 +168,6 @@ def _cap_parameters() -> list[inspect.Parameter]:
 
 _own = [p for p in inspect.signature(serve, eval_str=True).parameters.values()
         if p.kind != p.VAR_KEYWORD]
-serve.__signature__ = inspect.Signature([*_own, *_cap_parameters()])  # type: ignore[attr-defined]
+serve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [*_own, *_cap_parameters(), *triton_flags.parameters()]
+)
