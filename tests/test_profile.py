@@ -452,3 +452,6 @@ def test_an_ma_config_with_tritonserver_flags_runs_with_notes(tmp_path):
     log = (tmp_path / "EXP" / "logs" / "worker.log").read_text()
     assert "note: --strict-model-config has no effect here" in log
     assert "note: --backend-config has no effect here" in log
+    reports = tmp_path / "EXP" / "reports"
+    assert (reports / "summaries" / "add_sub" / "result_summary.html").exists()
+    assert not (reports / "detailed").exists()  # --skip-detailed-reports, as MA

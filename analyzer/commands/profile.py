@@ -125,10 +125,11 @@ def _profile(config: ProfileConfig) -> int:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return 2
     paths = {"Results": write_results(outcome, results), **paths}
-    written = render_reports(config.export)
-    summaries = [p for p in written if p.name == "result_summary.html"]
-    if summaries:
-        paths["Reports"] = summaries[0].parent.parent
+    parts = tuple(part for part, skip in (("summary", config.skip_summary_reports),
+                                          ("detailed", config.skip_detailed_reports)) if not skip)
+    if render_reports(config.export, parts=parts):
+        paths["Reports"] = config.export / "reports" / ("summaries" if "summary" in parts
+                                                        else "detailed")  # fmt: skip
     print_summary(outcome, console, paths)
     failed = [m for m in outcome.models if m.error or not any(r.measurements for r in m.results)]
     return 1 if failed and len(failed) == len(outcome.models) else 0

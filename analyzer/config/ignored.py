@@ -15,7 +15,6 @@ class Ignored:
 
 
 _BUILT_IN = "the load generator is built in"
-_REPORTS = "profile always writes the summary and the detailed reports"
 IGNORED = {
     "perf_analyzer_path": Ignored(_BUILT_IN),
     "perf_analyzer_timeout": Ignored(_BUILT_IN),
@@ -31,8 +30,6 @@ IGNORED = {
     "duration_seconds": Ignored("points stop when stable", flags=("-d",)),
     "client_max_retries": Ignored("requests are not retried", flags=("-r",)),
     "reload_model_disable": Ignored("variants are always loaded fresh", "bool"),
-    "skip_summary_reports": Ignored(_REPORTS, "bool"),
-    "skip_detailed_reports": Ignored(_REPORTS, "bool"),
     "always_report_gpu_metrics": Ignored(
         "GPU metrics are reported whenever a GPU was sampled", "bool"
     ),

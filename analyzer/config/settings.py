@@ -52,6 +52,10 @@ class Settings:
     checkpoint_directory: str | None = setting("path", None,
         "Checkpoint folder (default EXPORT_PATH/checkpoints); rerunning resumes from it.",
         flags=("-s",))
+    skip_summary_reports: bool = setting("bool", False,
+        "Write no summary report (MA's); `model-analyzer report` can still make it.")
+    skip_detailed_reports: bool = setting("bool", False,
+        "Write no detailed reports (MA's); `model-analyzer report` can still make them.")
     filename_model_inference: str = setting("str", "metrics-model-inference.csv", "CSV file name.")
     filename_model_gpu: str = setting("str", "metrics-model-gpu.csv", "CSV file name.")
     filename_server_only: str = setting("str", "metrics-server-only.csv", "CSV file name.")

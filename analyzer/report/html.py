@@ -102,8 +102,13 @@ def _constraint_lines(model: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> list[Path]:
-    """The summary of one model and the detailed report of each of its top configs."""
+REPORTS = ("summary", "detailed")
+
+
+def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
+                 parts: tuple[str, ...] = REPORTS) -> list[Path]:  # fmt: skip
+    """The summary of one model and the detailed report of each of its top configs (`parts`
+    names which of the two: MA's skip_summary_reports / skip_detailed_reports)."""
     env = _environment()
     css = (TEMPLATES / "base.css").read_text()
     measured = [c for c in model["configs"] if c["measurements"]]
@@ -120,24 +125,12 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> 
         throughput = c["best"]["metrics"]["perf_throughput"]
         rows.append({**c, "delay": "–" if delay is None else delay, "load": _load(c["best"]),
                      "vs_default": f"{throughput / base:.2f}×" if base else "–",
-                     "detailed": c in top})  # fmt: skip
-    figures = []
-    if measured:
-        figures.append({"alt": "throughput vs p99 latency per config, Pareto front marked",
-                        "uri": plots.throughput_vs_latency(
-                            measured, winner["name"], default["name"] if default else "",
-                            _budget(model))})  # fmt: skip
-        if model.get("final_comparison") and any(c.get("final_comparison") for c in measured):
-            figures.append({"alt": "final comparison: throughput and p99 with 95% intervals",
-                            "uri": plots.final_comparison(measured, model["final_comparison"])})
-        pair = [winner] + ([default] if default and default is not winner and default in measured
-                           else [])  # fmt: skip
-        figures.append({"alt": "throughput vs load for the winner and the default",
-                        "uri": plots.throughput_vs_load(
-                            pair, "Throughput vs load: the winner and the default config")})
-        if any("gpu_used_memory" in m["metrics"] for c in measured for m in c["measurements"]):
-            figures.append({"alt": "GPU memory vs throughput",
-                            "uri": plots.gpu_memory_vs_throughput(measured, winner["name"])})
+                     "detailed": c in top and "detailed" in parts})  # fmt: skip
+    written = [] if "detailed" not in parts else [
+        _render_detailed(env, css, model, c, winner, out) for c in top]  # fmt: skip
+    if "summary" not in parts:
+        return written
+    figures = _summary_figures(model, measured, winner, default)
     summary_dir = out / "summaries" / model["name"]
     summary_dir.mkdir(parents=True, exist_ok=True)
     summary = summary_dir / "result_summary.html"
@@ -158,10 +151,32 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path) -> 
         pareto=model.get("pareto_objectives") or [],
         pareto_configs=[c["name"] for c in ranked if c.get("pareto_optimal")],
     ))  # fmt: skip
-    written = [summary]
-    for c in top:
-        written.append(_render_detailed(env, css, model, c, winner, out))
-    return written
+    return [summary, *written]
+
+
+def _summary_figures(model: dict[str, Any], measured: list[dict[str, Any]],
+                     winner: dict[str, Any] | None,
+                     default: dict[str, Any] | None) -> list[dict[str, str]]:  # fmt: skip
+    """The summary's plots: throughput vs p99 with the Pareto front, the final comparison's
+    intervals, the winner and the default over load, and GPU memory when it was measured."""
+    figures: list[dict[str, str]] = []
+    if measured and winner is not None:
+        figures.append({"alt": "throughput vs p99 latency per config, Pareto front marked",
+                        "uri": plots.throughput_vs_latency(
+                            measured, winner["name"], default["name"] if default else "",
+                            _budget(model))})  # fmt: skip
+        if model.get("final_comparison") and any(c.get("final_comparison") for c in measured):
+            figures.append({"alt": "final comparison: throughput and p99 with 95% intervals",
+                            "uri": plots.final_comparison(measured, model["final_comparison"])})
+        pair = [winner] + ([default] if default and default is not winner and default in measured
+                           else [])  # fmt: skip
+        figures.append({"alt": "throughput vs load for the winner and the default",
+                        "uri": plots.throughput_vs_load(
+                            pair, "Throughput vs load: the winner and the default config")})
+        if any("gpu_used_memory" in m["metrics"] for c in measured for m in c["measurements"]):
+            figures.append({"alt": "GPU memory vs throughput",
+                            "uri": plots.gpu_memory_vs_throughput(measured, winner["name"])})
+    return figures
 
 
 def _render_detailed(env, css, model, config, winner, out: Path) -> Path:
@@ -192,14 +207,15 @@ def _render_detailed(env, css, model, config, winner, out: Path) -> Path:
     return path
 
 
-def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",)) -> list[Path]:
-    """Every model's summary and its top configs' detailed reports; with "pdf" in `formats`
-    each summary is also rendered to result_summary.pdf beside it (WeasyPrint)."""
+def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",),
+                   parts: tuple[str, ...] = REPORTS) -> list[Path]:  # fmt: skip
+    """Every model's summary and its top configs' detailed reports (those of `parts`); with "pdf"
+    in `formats` each summary is also rendered to result_summary.pdf beside it (WeasyPrint)."""
     document = load_results(export_path)
     out = export_path / "reports"
     written: list[Path] = []
     for model in document["models"]:
-        written += render_model(document, model, out)
+        written += render_model(document, model, out, parts)
     if "pdf" in formats:
         import weasyprint  # imported here: it loads pango, which the HTML path never needs
 
