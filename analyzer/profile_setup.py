@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from analyzer.config.profile_config import ModelSpec, ProfileConfig, ProfileConfigError
-from analyzer.fsutil import OutputFolder, claim_output_folder, refuse_overlap
+from analyzer.fsutil import FolderError, OutputFolder, claim_output_folder, refuse_overlap
 from analyzer.launch.cpus import CpuListError, Placement, plan_placement
 from analyzer.loadgen.inputs import parse_shapes
 from analyzer.loadgen.measure import MeasureSettings
@@ -59,6 +59,16 @@ def check_folders(config: ProfileConfig) -> None:
     refuse_overlap("export_path", export, {"model repository": (repo, {"is", "inside"})})
     refuse_overlap("checkpoint_directory", c.checkpoints,
                    {"model repository": (repo, {"is", "inside"})})  # fmt: skip
+    if c.triton_output_path:
+        log = Path(c.triton_output_path)
+        if log.is_dir():
+            raise FolderError(f"triton_output_path '{log}' is a folder; it names the file the "
+                              "worker's output is appended to")  # fmt: skip
+        refuse_overlap("triton_output_path", log, {
+            "model repository": (repo, every),
+            "output model repository": (c.output_repository, every),
+            "checkpoint folder": (c.checkpoints, every),
+        })  # fmt: skip
 
 
 def prepare_output(config: ProfileConfig, checkpoint: Checkpoint) -> OutputFolder:

@@ -81,13 +81,14 @@ class WorkerSession:
             for spec in c.models:
                 flags.update(spec.triton_server_flags)
             flags.update(c.triton_server_flags)
+            log = Path(c.triton_output_path or c.export / "logs" / "worker.log")
             if c.triton_launch_mode == "remote":
                 self.launcher = RemoteLauncher(c.triton_http_endpoint, c.triton_grpc_endpoint,
                                                c.triton_metrics_url, c.server_startup_timeout)
             elif c.triton_launch_mode == "docker":
                 self.launcher = DockerLauncher(
                     c.triton_docker_image, c.output_repository, Path(c.model_repository),
-                    c.export / "logs" / "worker.log", flags, c.server_startup_timeout,
+                    log, flags, c.server_startup_timeout,
                     gpus=[] if c.cpu_only else c.gpus, mounts=c.triton_docker_mounts,
                     shm_size=c.triton_docker_shm_size, labels=c.triton_docker_labels,
                     run_args={"cpuset_cpus": self.placement.worker_list,
@@ -96,7 +97,7 @@ class WorkerSession:
                 )  # fmt: skip
             else:
                 self.launcher = LocalLauncher(
-                    c.output_repository, c.export / "logs" / "worker.log", flags,
+                    c.output_repository, log, flags,
                     c.server_startup_timeout, cpus=self.placement.worker_list, gpus=c.gpus,
                 )  # fmt: skip
         return self.launcher

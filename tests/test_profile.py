@@ -449,7 +449,8 @@ def test_an_ma_config_with_tritonserver_flags_runs_with_notes(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "'collect_cpu_metrics' has no effect here" in run.stdout
     assert results(tmp_path / "EXP")["models"][0]["configs"][0]["measurements"]
-    log = (tmp_path / "EXP" / "logs" / "worker.log").read_text()
+    assert not (tmp_path / "EXP" / "logs" / "worker.log").exists()
+    log = (tmp_path / "LOG").read_text()  # --triton-output-path, as MA
     assert "note: --strict-model-config has no effect here" in log
     assert "note: --backend-config has no effect here" in log
     reports = tmp_path / "EXP" / "reports"

@@ -154,6 +154,25 @@ def test_an_export_path_inside_the_model_repository_is_refused(tmp_path):
     assert snapshot(repo) == before and not (tmp_path / "OUT").exists()
 
 
+@pytest.mark.parametrize(("where", "needle"), [
+    ("OUT/worker.log", "lies inside the output model repository"),
+    ("{repo}/add_sub/worker.log", "lies inside the model repository"),
+    ("LOGS", "is a folder"),
+])  # fmt: skip
+def test_a_worker_log_where_it_would_be_lost_or_clutter_the_models_is_refused(tmp_path, where,
+                                                                               needle):
+    repo = tmp_path / "REPO"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    (tmp_path / "LOGS").mkdir()
+    before = snapshot(repo)
+    args = [a if a != str(EXAMPLES) else str(repo) for a in QUICK]
+    run = profile(tmp_path, *args, "--output-model-repository-path", "OUT",
+                  "--triton-output-path", where.format(repo=repo), timeout=120)  # fmt: skip
+    line = one_line(run)
+    assert "triton_output_path" in line and needle in line, line
+    assert snapshot(repo) == before and not (tmp_path / "OUT").exists()
+
+
 # ---- one run per output folder -----------------------------------------------------------------
 def test_a_second_run_on_a_locked_output_folder_is_refused(tmp_path):
     out = tmp_path / "OUT"

@@ -24,7 +24,6 @@ IGNORED = {
     "perf_output_path": Ignored(_BUILT_IN),
     "triton_server_path": Ignored("the worker is model-analyzer serve"),
     "triton_install_path": Ignored("the worker is model-analyzer serve"),
-    "triton_output_path": Ignored("the worker's log goes to EXPORT_PATH/logs"),
     "dcgm_disable": Ignored("GPUs are read through NVML", "bool"),
     "collect_cpu_metrics": Ignored("CPU metrics are always collected for a local worker", "bool"),
     "duration_seconds": Ignored("points stop when stable", flags=("-d",)),

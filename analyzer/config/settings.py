@@ -56,6 +56,9 @@ class Settings:
         "Write no summary report (MA's); `model-analyzer report` can still make it.")
     skip_detailed_reports: bool = setting("bool", False,
         "Write no detailed reports (MA's); `model-analyzer report` can still make them.")
+    triton_output_path: str | None = setting("path", None,
+        "File the local or docker worker's output is appended to (MA's; default "
+        "EXPORT_PATH/logs/worker.log).")
     filename_model_inference: str = setting("str", "metrics-model-inference.csv", "CSV file name.")
     filename_model_gpu: str = setting("str", "metrics-model-gpu.csv", "CSV file name.")
     filename_server_only: str = setting("str", "metrics-server-only.csv", "CSV file name.")
