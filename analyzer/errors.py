@@ -15,9 +15,8 @@ def usage_sentence(exc: Exception) -> str:
     """A command-line parse error (Typer's) as one sentence, without the usage lines and box
     around it: a bad flag is bad input like any other."""
     option = getattr(exc, "option_name", None)
-    close = getattr(exc, "possibilities", False)
-    if option and close is not False:  # a flag the command does not have
-        close = sorted(close or [])
+    if option and hasattr(exc, "possibilities"):  # a flag the command does not have
+        close = sorted(exc.possibilities or [])
         return f"unrecognized arguments: {option}" + (
             f" (did you mean {', '.join(close)}?)" if close else ""
         )

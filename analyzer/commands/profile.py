@@ -100,9 +100,6 @@ def _profile(config: ProfileConfig) -> int:
 
     console = make_console(quiet=config.quiet)
     err = make_console(stderr=True)
-    if config.verbose and not config.quiet:
-        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-        logging.getLogger("analyzer").setLevel(logging.INFO)  # ours, not every library's
     for note in config.notes:
         console.print(f"note: {note}", markup=False)
     try:

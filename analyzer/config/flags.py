@@ -18,15 +18,20 @@ from analyzer.config.ignored import IGNORED
 from analyzer.config.values import FIELDS, Field, ProfileConfigError, parse_bool
 from analyzer.errors import usage_sentence
 
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 # MA's keys that mean nothing here have their flags too (a note says so): MA's scripts run as is
 _IGNORED = [Field(k, i.kind, help=f"MA's; no effect here: {i.why}.", flags=i.flags)
             for k, i in IGNORED.items()]  # fmt: skip
 _OPTIONS = [f for f in FIELDS if f.cli] + _IGNORED
-_SWITCHES = {f"--{f.name.replace('_', '-')}" for f in _OPTIONS if f.kind == "bool"}
+_SWITCHES = {_flag(f.name) for f in _OPTIONS if f.kind == "bool"}
 
 
 def _option(f: Field) -> Any:
-    flag = "--" + f.name.replace("_", "-")
+    flag = _flag(f.name)
     if f.kind == "bool":
         return Annotated[bool | None, typer.Option(*f.flags, f"{flag}/--no-{flag[2:]}",
                                                    help=f.help)]  # fmt: skip
@@ -68,8 +73,7 @@ def _switch(arg: str) -> str:
 
 def given(flags: dict[str, Any]) -> dict[str, Any]:
     """The flags the command line set (a repeated flag given no time is not set)."""
-    return {k: v for k, v in flags.items() if v is not None and not (isinstance(v, list | tuple)
-                                                                     and not v)}  # fmt: skip
+    return {k: v for k, v in flags.items() if v is not None and v != [] and v != ()}
 
 
 def parse_flags(argv: list[str]) -> dict[str, Any]:

@@ -32,8 +32,8 @@ class Settings:
     quiet: bool = setting("bool", False, "Suppress all output except error messages (MA's).",
                           flags=("-q",))
     verbose: bool = setting("bool", False,
-        "Show detailed messages: every point's server-side times, CI and windows, and the "
-        "profiler's log (MA's).", flags=("-v",))
+        "Show detailed messages: every point's server-side times, batch, CI and client CPU "
+        "(MA's).", flags=("-v",))
     config_file: str | None = setting("path", None,
         "YAML file with these settings in snake_case.", flags=("-f",))
     model_repository: str | None = setting("path", None,

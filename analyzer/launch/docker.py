@@ -254,8 +254,6 @@ class DockerLauncher(Launcher):
     def _wait_ready(self, offset: int) -> None:
         """Ready when this start's log says so and its HTTP port answers: a port that answers
         while the log is silent is another process's."""
-        import http.client
-
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
@@ -263,21 +261,26 @@ class DockerLauncher(Launcher):
                     self._log_thread.join(timeout=2)  # the container's last words, copied
                 raise LaunchError(f"the worker container exited ({self.exit_status()}); its "
                                   f"last log lines:\n{self.last_words()}")  # fmt: skip
-            said = self.log_path.read_bytes()[offset:]
-            conn = http.client.HTTPConnection("127.0.0.1", self.ports["http"], timeout=2)
-            try:
-                conn.request("GET", "/v2/health/ready")
-                if conn.getresponse().status == 200 and READY_LINE.encode() in said:
-                    return
-            except OSError:
-                pass
-            finally:
-                conn.close()
+            if READY_LINE.encode() in self.log_path.read_bytes()[offset:] and self._answers():
+                return
             time.sleep(0.2)
         self.stop()
         raise LaunchError(f"the worker container was not ready after "
                           f"{self.startup_timeout_s:.0f} s; its last log lines:\n"
                           f"{self.last_words()}")  # fmt: skip
+
+    def _answers(self) -> bool:
+        """The worker's HTTP port says it is ready (so the host reaches it, bridge or not)."""
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.ports["http"], timeout=2)
+        try:
+            conn.request("GET", "/v2/health/ready")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
 
     def _copy_logs(self, container_id: str) -> None:
         try:
