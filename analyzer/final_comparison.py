@@ -9,11 +9,18 @@ search points.
 
 Each round's measurement goes to the checkpoint (as a `final_round` entry): a rerun measures only
 the rounds that are missing.
+
+A search picks each config's load from single noisy points, and a load one level too low costs
+more than any config difference (winner stability on tiny_cnn: three quick winners 23% apart, the
+gap all in the load). So in the first round each finalist is also measured one load level up,
+right after its own point: when that beats it by the sweep's plateau gain and meets the
+constraints, the finalist's rounds run there (the first round's point is the check's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 from analyzer.launch.base import LaunchError, LaunchSetupError
@@ -90,12 +97,28 @@ def calibrate_default(
     return calibrate(windows)
 
 
+@dataclasses.dataclass
+class LoadLevels:
+    """The loads the search swept, in order, and the gain that made it climb (a level up must
+    beat the one below by more than `gain` to be taken)."""
+
+    load: str  # "concurrency" or "request_rate"
+    values: list[int]
+    gain: float = 0.05
+
+    def above(self, trial: SearchPoint) -> int | None:
+        if trial.load != self.load:
+            return None
+        return next((v for v in sorted(self.values) if v > trial.value), None)
+
+
 def run_final_comparison(
     profiler: Profiler, model: ModelOutcome, options: PerfOptions, checkpoint: Checkpoint,
-    fingerprint: str,
+    fingerprint: str, levels: LoadLevels | None = None,
 ) -> None:  # fmt: skip
     """The model's finalists measured again in interleaved rounds, when there are two or more and
-    two or more rounds; the result goes to `model.comparison` and each finalist's `final`."""
+    two or more rounds; the result goes to `model.comparison` and each finalist's `final`.
+    `levels`: the search's loads, for the first round's load checks (none without them)."""
     if profiler.session.fresh_worker_per_variant:
         # memory is ranked: each measurement needs a fresh worker, and rounds of worker starts
         # would cost more than the search; the configs keep their search points
@@ -104,8 +127,9 @@ def run_final_comparison(
     ranker = Ranker(spec.objectives, spec.constraints, model.pareto)
     chosen = finalists(model, ranker, max(1, profiler.config.num_configs_per_model))
     search_seconds = sum(m.wall_s for r in model.results for m in r.measurements)
+    checks = {r.name: up for r in chosen if (up := _level_to_check(r, levels, ranker)) is not None}
     rounds, note = _rounds(profiler.config.final_rounds, model.calibration, len(chosen),
-                           search_seconds)  # fmt: skip
+                           search_seconds, len(checks))  # fmt: skip
     if rounds < 2 or len(chosen) < 2:
         return
     comparison = Comparison(
@@ -116,7 +140,7 @@ def run_final_comparison(
     model.comparison = comparison
     by_name = {r.name: r for r in chosen}
     got = _measure_rounds(profiler, spec.name, comparison, by_name, options, checkpoint,
-                          fingerprint)  # fmt: skip
+                          fingerprint, _LoadCheck(checks, ranker, levels))  # fmt: skip
     finals = {name: summarize(ms) for name, ms in got.items()
               if len(ms) == rounds and name not in comparison.dropped}  # fmt: skip
     for name, final in finals.items():
@@ -127,14 +151,56 @@ def run_final_comparison(
     _conclude(comparison, ranker, by_name, finals, model.default)
 
 
+def _level_to_check(result: ConfigResult, levels: LoadLevels | None,
+                    ranker: Ranker) -> int | None:  # fmt: skip
+    """The load one level above the finalist's best search point, unless there is none or the
+    search already saw it break a constraint (more load only adds latency)."""
+    best = result.best
+    if levels is None or best is None:
+        return None
+    trial = SearchPoint.make(result.params, best.load, best.value, best.batch_size)
+    up = levels.above(trial)
+    if up is None:
+        return None
+    seen = [m for m in result.measurements if (m.load, m.value, m.batch_size)
+            == (best.load, up, best.batch_size)]  # fmt: skip
+    if any(ranker.violations(m) for m in seen):
+        return None
+    return up
+
+
+@dataclasses.dataclass
+class _LoadCheck:
+    """The first round's checks: finalist -> the load above its own; how to judge them."""
+
+    levels: dict[str, int]
+    ranker: Ranker
+    sweep: LoadLevels | None
+
+    def verdict(self, name: str, own: Measurement, up: Measurement) -> tuple[bool, str]:
+        """Whether the finalist moves up, and one clause saying what the check found."""
+        gain = self.sweep.gain if self.sweep is not None else 0.05
+        ahead = self.ranker.score(up) - self.ranker.score(own)
+        violations = self.ranker.violations(up)
+        a, b = own.metrics["perf_throughput"], up.metrics["perf_throughput"]
+        text = (f"{own.load} {own.value} -> {up.value}: {a:.1f} -> {b:.1f} infer/s, p99 "
+                f"{own.metrics['perf_latency_p99']:.3f} -> {up.metrics['perf_latency_p99']:.3f} ms")
+        if violations:
+            return False, f"{text}; stays ({'; '.join(violations)})"
+        if ahead > math.log1p(gain):
+            return True, f"{text}; moved up"
+        return False, f"{text}; stays (not {100 * gain:.0f}% better)"
+
+
 def _measure_rounds(
     profiler: Profiler, model_name: str, comparison: Comparison,
     by_name: dict[str, ConfigResult], options: PerfOptions, checkpoint: Checkpoint,
-    fingerprint: str,
+    fingerprint: str, check: _LoadCheck,
 ) -> dict[str, list[Measurement]]:  # fmt: skip
-    """Every finalist once a round, in each round's order, at its best search point: the
-    measurements per finalist. A finalist that fails is dropped (with its reason) from the rounds
-    that follow; the finalists left loaded are unloaded at the end."""
+    """Every finalist once a round, in each round's order, at its best search point (or, after
+    the first round's load check, one level up): the measurements per finalist. A finalist that
+    fails is dropped (with its reason) from the rounds that follow; the finalists left loaded are
+    unloaded at the end."""
     rounds = comparison.rounds
     trials = {}
     for r in by_name.values():
@@ -161,14 +227,54 @@ def _measure_rounds(
                     continue
                 checkpoint.record_point(key, measurement, "final_round")
             measurement.config_name = result.name
-            got[name].append(measurement)
             comparison.points += 1
             comparison.seconds += measurement.wall_s
             profiler.listener("final_point", {"result": result, "measurement": measurement,
                                               "round": index + 1, "rounds": rounds})  # fmt: skip
+            if index == 0 and name in check.levels:
+                up = _checked(profiler, result, trial, check.levels[name], per_round, checkpoint,
+                              fingerprint, comparison)  # fmt: skip
+                if up is not None:
+                    moved, comparison.load_checks[name] = check.verdict(name, measurement, up)
+                    if moved:
+                        comparison.moved.append(name)
+                        trials[name] = SearchPoint.make(result.params, trial.load, up.value,
+                                                        trial.batch_size)  # fmt: skip
+                        measurement = up
+            got[name].append(measurement)
     profiler.session.unload_all({n for n, start in loaded.items()
                                  if start == profiler.outcome.worker_starts})  # fmt: skip
     return got
+
+
+def _checked(
+    profiler: Profiler, result: ConfigResult, trial: SearchPoint, value: int,
+    per_round: PerfOptions, checkpoint: Checkpoint, fingerprint: str, comparison: Comparison,
+) -> Measurement | None:  # fmt: skip
+    """The finalist at load `value`, measured right after its first round's point (still
+    loaded). None when it failed: the finalist keeps its load (the worker recovered)."""
+    up = SearchPoint.make(result.params, trial.load, value, trial.batch_size)
+    key = point_key(result.config_text, up.load, up.value, up.batch_size,
+                    f"{fingerprint}|load check")  # fmt: skip
+    measurement = checkpoint.points.get(key)
+    if measurement is None:
+        try:
+            measurement = profiler.measure_point(result, up, per_round)
+        except LaunchSetupError:
+            raise
+        except (LaunchError, ServerError, MeasurementError, OSError) as err:
+            comparison.load_checks[result.name] = (f"{trial.load} {value} failed: "
+                                                   f"{profiler.failure_text(err)}")  # fmt: skip
+            profiler.recover()
+            return None
+        checkpoint.record_point(key, measurement, "load_check")
+    measurement.config_name = result.name
+    comparison.points += 1
+    comparison.seconds += measurement.wall_s
+    profiler.listener("final_point", {"result": result, "measurement": measurement,
+                                      "round": 1, "rounds": comparison.rounds,
+                                      "label": "load check"})  # fmt: skip
+    return measurement
 
 
 def _measure_finalist(
@@ -218,20 +324,21 @@ def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigR
 
 
 def _rounds(configured: int | None, calibration: Calibration | None, finalists: int,
-            search_s: float) -> tuple[int, str]:  # fmt: skip
-    """The number of rounds and one clause saying how it was chosen."""
+            search_s: float, checks: int = 0) -> tuple[int, str]:  # fmt: skip
+    """The number of rounds and one clause saying how it was chosen; the calibration's windows
+    and the `checks` load checks count against the budget."""
     if configured is not None:
         return configured, "as --final-rounds asks"
     if calibration is None:
         return DEFAULT_ROUNDS, "the default (no A/A calibration ran)"
     spent = len(calibration.throughputs) * calibration.window_s
     rounds = affordable_rounds(calibration.rounds, finalists, calibration.window_s, search_s,
-                               spent)  # fmt: skip
+                               spent + checks * calibration.window_s)  # fmt: skip
     text = (f"from an A/A calibration of the default config: {len(calibration.throughputs)} "
             f"windows ({spent:.0f} s) varied by "
             f"{calibration.noise_pct:.1f}% (CV), which asks for "
             f"{calibration.rounds} rounds to resolve 5%")  # fmt: skip
     if rounds < calibration.rounds:
-        text += (f"; {rounds} keep the comparison and the calibration within a quarter of the "
-                 "search's time")
+        text += (f"; {rounds} keep the comparison, its load checks and the calibration within a "
+                 "quarter of the search's time")
     return rounds, text

@@ -17,7 +17,7 @@ import time
 
 from analyzer.config.model_config import ModelConfig, format_model_config
 from analyzer.config.profile_config import ProfileConfig
-from analyzer.final_comparison import calibrate_default, run_final_comparison
+from analyzer.final_comparison import LoadLevels, calibrate_default, run_final_comparison
 from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
 from analyzer.launch.cpus import pinned
 from analyzer.loadgen.control import ServerError
@@ -32,6 +32,7 @@ from analyzer.profile_setup import (
     cpu_placement,
     measure_options,
     prepare_output,
+    search_limits,
     search_strategy,
 )
 from analyzer.repository.repository import (
@@ -54,7 +55,7 @@ from analyzer.results.outcome import ModelOutcome, ProfileOutcome
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
 from analyzer.search.base import Outcome, SearchPoint, SearchStrategy
 from analyzer.search.ledger import SharedPoint, unmerged
-from analyzer.search.space import SearchSpace, load_search_space
+from analyzer.search.space import SearchSpace, load_levels, load_search_space
 from analyzer.worker.devices import gpu_count
 from analyzer.worker_session import Listener, WorkerSession
 
@@ -159,7 +160,10 @@ class Profiler:
             search.close()
         self._merge_shared(model, source, search.shared_points(), variants, cpu_only)
         if not model.error:
-            run_final_comparison(self, model, options, checkpoint, json.dumps(fingerprint))
+            load, values, sweep = load_levels(space, search_limits(self.config, spec, source))
+            levels = LoadLevels(load, values, sweep.plateau_min_gain if sweep else 0.05)
+            run_final_comparison(self, model, options, checkpoint, json.dumps(fingerprint),
+                                 levels)  # fmt: skip
 
     def _search(
         self, model: ModelOutcome, source: ModelSource, search: SearchStrategy,

@@ -160,3 +160,98 @@ def test_the_cheapest_of_the_tied_needs_a_real_saving_else_the_leader_stays():
     small = {"instance_count": 1, "max_batch_size": 8}
     name, why = cheapest([leader, ("e", small, point("e", 1250.0, memory=295.0))])
     assert name == "e" and why == "a smaller max batch size (8 vs 16)"
+
+
+class _FakeProfiler:
+    """Just what the final comparison drives: a model whose throughput and p99 at each load are
+    given, measured without noise, and a checkpoint that a second run reads back."""
+
+    def __init__(self, curves: dict[str, dict[int, tuple[float, float]]], rounds: int) -> None:
+        from types import SimpleNamespace
+
+        self.curves = curves
+        self.measured: list[tuple[str, int]] = []
+        self.config = SimpleNamespace(num_configs_per_model=2, final_rounds=rounds)
+        self.outcome = SimpleNamespace(worker_starts=1)
+        self.session = SimpleNamespace(
+            fresh_worker_per_variant=False, loaded_as="", mark_loaded=lambda name: None,
+            unload_all=lambda names: None)  # fmt: skip
+        self.listener = lambda event, data: None
+
+    def ensure_launcher(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(remote=False)
+
+    def measure_point(self, result, trial, options) -> Measurement:
+        self.measured.append((result.name, trial.value))
+        self.session.loaded_as = result.name
+        throughput, p99 = self.curves[result.name][trial.value]
+        m = point(result.name, throughput, p99)
+        m.value, m.wall_s = trial.value, 0.5
+        return m
+
+
+def _searched(name: str, curve: dict[int, tuple[float, float]], best: int) -> ConfigResult:
+    """A config whose search measured the loads up to `best` (the best one last)."""
+    r = result(name, 1, 8, [])
+    r.config_text = f'name: "{name}"'  # the checkpoint's keys tell configs apart by their text
+    for value in sorted(v for v in curve if v <= best):
+        m = point(name, *curve[value])
+        m.value = value
+        r.measurements.append(m)
+    return r
+
+
+def test_a_finalist_whose_search_stopped_a_load_level_short_is_moved_up(tmp_path):
+    """The search's best load comes from single noisy points: the first round measures each
+    finalist one level up too, and its rounds move there when that gains more than the sweep's
+    plateau gain and meets the constraints. Checkpointed: a rerun measures nothing again."""
+    from analyzer.config.model_specs import ModelSpec
+    from analyzer.final_comparison import LoadLevels, run_final_comparison
+    from analyzer.loadgen.perf import PerfOptions
+    from analyzer.results.checkpoint import Checkpoint
+    from analyzer.results.outcome import ModelOutcome
+
+    curves = {
+        "short": {4: (1000.0, 4.0), 8: (1300.0, 6.0), 16: (1320.0, 12.0)},  # stopped at 4
+        "flat": {4: (900.0, 4.0), 8: (1200.0, 6.0), 16: (1230.0, 13.0)},  # +2.5%: stays at 8
+        "slow": {8: (1250.0, 7.0), 16: (1600.0, 30.0)},  # faster at 16, but breaks p99 <= 20
+        "default": {16: (600.0, 25.0)},  # the top level: nothing above it
+    }
+    spec = ModelSpec("m", objectives={"perf_throughput": 1.0},
+                     constraints={"perf_latency_p99": {"max": 20.0}})  # fmt: skip
+    levels = LoadLevels("concurrency", [1, 2, 4, 8, 16], 0.05)
+
+    def run(directory) -> tuple[_FakeProfiler, ModelOutcome]:
+        profiler = _FakeProfiler(curves, rounds=3)
+        profiler.config.num_configs_per_model = 3
+        model = ModelOutcome(spec, [_searched("short", curves["short"], 4),
+                                    _searched("flat", curves["flat"], 8),
+                                    _searched("slow", curves["slow"], 8),
+                                    _searched("default", curves["default"], 16)])  # fmt: skip
+        model.results[-1].is_default = True
+        Ranker(spec.objectives, spec.constraints).rank(model.results)
+        run_final_comparison(profiler, model, PerfOptions(model="m"), Checkpoint(directory),
+                             "fp", levels)  # fmt: skip
+        return profiler, model
+
+    profiler, model = run(tmp_path)
+    c = model.comparison
+    assert c is not None and c.moved == ["short"]
+    assert set(c.load_checks) == {"short", "flat", "slow"}  # the default is at the top level
+    assert "stays (not 5% better)" in c.load_checks["flat"]
+    assert "stays (perf_latency_p99 30 ms > max 20)" in c.load_checks["slow"]
+    by_name = {r.name: r for r in model.results}
+    assert [m.value for m in by_name["short"].final.rounds] == [8, 8, 8]  # the check is round 1
+    assert [m.value for m in by_name["flat"].final.rounds] == [8, 8, 8]
+    assert profiler.measured.count(("short", 4)) == 1 and profiler.measured.count(("short", 8)) == 3
+    assert c.points == len(profiler.measured) == 3 * 4 + 3  # 3 rounds of 4 and 3 checks
+    assert c.leader == "short"  # 1300 at its new load against slow's 1250
+    from analyzer.report.console import how_sure
+
+    assert ("measured one load level up in the first round; moved up: short (concurrency 4 -> "
+            "8: 1000.0 -> 1300.0 infer/s") in how_sure(c)  # fmt: skip
+    assert Comparison.from_dict(c.to_dict()) == c
+    again, model = run(tmp_path)  # the same checkpoint: every point is read back
+    assert again.measured == [] and model.comparison.moved == ["short"]

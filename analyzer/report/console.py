@@ -84,8 +84,9 @@ class ProgressDisplay:
             self._point(result, data, task, fields)
         elif event == "final_point":
             m = data["measurement"]
+            label = data.get("label") or f"round {data['round']}/{data['rounds']}"
             self.console.print(
-                f"  round {data['round']}/{data['rounds']} {result.name:<28} "
+                f"  {label} {result.name:<28} "
                 f"{_load_label(m.load, m.value):>12} b={m.batch_size:<3} "
                 f"{m.metrics['perf_throughput']:9.1f} infer/s  p99 "
                 f"{m.metrics['perf_latency_p99']:8.3f} ms"
@@ -296,6 +297,9 @@ def how_sure(comparison: Comparison) -> str:
             "95% Student t over the rounds, differences paired by round.")  # fmt: skip
     if c.rounds_note:
         text += f" {c.rounds} rounds {c.rounds_note}."
+    if c.load_checks:
+        text += (f" Each finalist was also measured one load level up in the first round; "
+                 f"{_moved(c)}.")
     if c.dropped:
         text += f" Left out after failing in the rounds: {', '.join(c.dropped)}."
     others = [n for n in c.tied if n not in (c.recommended, c.leader)]
@@ -312,6 +316,14 @@ def how_sure(comparison: Comparison) -> str:
         text += (f" Its throughput is {v.estimate:.2f}x the default config's "
                  f"(95% CI {v.low:.2f}-{v.high:.2f}).")  # fmt: skip
     return text
+
+
+def _moved(c: Comparison) -> str:
+    """Which finalists the load checks moved up, with what the check measured."""
+    if not c.moved:
+        return "none gained enough to move"
+    return "moved up: " + "; ".join(f"{n} ({c.load_checks[n].removesuffix('; moved up')})"
+                                    for n in c.moved)
 
 
 def _print_across_models(outcome, console: Console) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 from analyzer.results.measurement import Measurement
 
 FILE_NAME = "profile.ckpt.jsonl"
+# the entry kinds that hold a measurement, all read back on a rerun
+MEASURED = ("point", "calibration", "final_round", "load_check")
 
 
 def point_key(config_text: str, load: str, value: int, batch_size: int, settings: str) -> str:
@@ -51,7 +53,7 @@ class Checkpoint:
             except ValueError:
                 continue  # a line torn by a crash mid-write
             kind = entry.get("type")
-            if kind in ("point", "final_round"):
+            if kind in MEASURED:
                 self.points[entry["key"]] = Measurement.from_dict(entry["measurement"])
             elif kind == "failure":
                 self.failures[entry["key"]] = entry["error"]
@@ -74,7 +76,8 @@ class Checkpoint:
         self._append({"type": "meta", "meta": meta})
 
     def record_point(self, key: str, measurement: Measurement, kind: str = "point") -> None:
-        """`kind`: "point" for a search point, "final_round" for a round of the final comparison."""
+        """`kind`: one of MEASURED (a search point, a calibration window, a round of the final
+        comparison, a load check of its first round)."""
         self.points[key] = measurement
         self._append({"type": kind, "key": key, "measurement": measurement.to_dict()})
 

@@ -256,6 +256,10 @@ class Comparison:
     dropped: dict[str, str] = field(default_factory=dict)  # finalists that failed in the rounds
     calibration: Calibration | None = None  # set the number of rounds (--final-rounds unset)
     rounds_note: str = ""  # how the number of rounds was chosen, one clause
+    # per finalist, what its load check in the first round found (one clause); `moved`: the
+    # finalists whose rounds run one load level above the search's best point
+    load_checks: dict[str, str] = field(default_factory=dict)
+    moved: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -267,7 +271,7 @@ class Comparison:
             "throughput_vs_default": self.vs_default.to_dict() if self.vs_default else None,
             "dropped": self.dropped,
             "calibration": self.calibration.to_dict() if self.calibration else None,
-            "rounds_note": self.rounds_note,
+            "rounds_note": self.rounds_note, "load_checks": self.load_checks, "moved": self.moved,
         }  # fmt: skip
 
     @staticmethod

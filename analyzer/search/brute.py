@@ -15,7 +15,7 @@ from collections.abc import Generator
 from typing import Any
 
 from analyzer.search.base import SearchLimits, SearchPoint, WalkStrategy
-from analyzer.search.space import SearchSpace, Sweep
+from analyzer.search.space import SearchSpace, load_levels
 
 
 def expand_manual(value: Any) -> list[Any]:
@@ -72,25 +72,12 @@ class BruteSearch(WalkStrategy):
                 if self.space.stop_when_not_better and any(best <= t for t in chain[:-1]):
                     break
 
-    def _load_values(self) -> tuple[str, list[int], Sweep | None]:
-        limits = self.limits
-        if limits.request_rate:
-            return "request_rate", list(limits.request_rate), None
-        if limits.concurrency:
-            return "concurrency", list(limits.concurrency), None
-        if limits.request_rate_search:
-            sweep = self.space.request_rate
-            return "request_rate", sweep.values(limits.min_request_rate,
-                                                limits.max_request_rate), sweep  # fmt: skip
-        sweep = self.space.concurrency
-        return "concurrency", sweep.values(limits.min_concurrency, limits.max_concurrency), sweep
-
     def _sweep(
         self, params: dict[str, Any], max_batch_size: int
     ) -> Generator[SearchPoint, None, float]:
         """Every client batch size, each over the load sweep; returns the best throughput seen
         (0 when the variant failed)."""
-        load, values, sweep = self._load_values()
+        load, values, sweep = load_levels(self.space, self.limits)
         best = 0.0
         for batch in self.limits.batch_sizes:
             if max_batch_size > 0 and batch > max_batch_size:

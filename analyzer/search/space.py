@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from analyzer.errors import AnalyzerError
+
+if TYPE_CHECKING:
+    from analyzer.search.base import SearchLimits
 
 # the repository's top-level search_spaces/, shipped in the wheel as the package's data (in the
 # source tree analyzer/search_spaces is a link to it), so an installed copy finds it too
@@ -133,3 +136,17 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         )
     space.queue_delays_us = sorted(set(delays))
     return space
+
+
+def load_levels(space: SearchSpace, limits: SearchLimits) -> tuple[str, list[int], Sweep | None]:
+    """The load a search sweeps -- "concurrency" or "request_rate" -- its levels in order, and
+    the sweep that made them (None for values the user fixed, which are all measured)."""
+    if limits.request_rate:
+        return "request_rate", list(limits.request_rate), None
+    if limits.concurrency:
+        return "concurrency", list(limits.concurrency), None
+    if limits.request_rate_search:
+        sweep = space.request_rate
+        return "request_rate", sweep.values(limits.min_request_rate, limits.max_request_rate), sweep
+    sweep = space.concurrency
+    return "concurrency", sweep.values(limits.min_concurrency, limits.max_concurrency), sweep
