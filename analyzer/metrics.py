@@ -112,6 +112,21 @@ DIRECTIONS: dict[str, bool] = {
 }
 MEMORY_TAGS = frozenset(m.tag for m in METRICS if m.memory)
 
+# The columns of each CSV that are not metrics: what a row describes (MA's tags, then ours).
+# `*_output_fields` may name these and the metrics with a column in that table.
+ROW_TAGS = (
+    "model_name", "batch_size", "concurrency", "request_rate", "model_config_path",
+    "instance_group", "max_batch_size", "satisfies_constraints", "max_queue_delay_microseconds",
+    "stable", "client_saturated", "client_bound",
+)  # fmt: skip
+GPU_ROW_TAGS = ("model_name", "gpu_uuid", "batch_size", "concurrency", "request_rate",
+                "model_config_path", "instance_group", "satisfies_constraints")  # fmt: skip
+OUTPUT_FIELDS = {  # setting -> the tags its table has
+    "inference_output_fields": frozenset(ROW_TAGS) | {m.tag for m in METRICS if m.header},
+    "gpu_output_fields": frozenset(GPU_ROW_TAGS) | {m.tag for m in METRICS if m.gpu_table},
+    "server_output_fields": frozenset(GPU_ROW_TAGS) | {m.tag for m in METRICS if m.gpu_table},
+}
+
 
 def unit(tag: str) -> str:
     metric = BY_TAG.get(tag)

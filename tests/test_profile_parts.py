@@ -82,6 +82,26 @@ def test_ma_flags_that_mean_nothing_here_are_accepted_with_a_note(tmp_path):
     assert config.triton_output_path == str(tmp_path / "LOG")
 
 
+def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):
+    """Not after the whole run: the note comes first, and the CSV is written without it."""
+    from analyzer.metrics import OUTPUT_FIELDS
+    from analyzer.report.exports import COLUMNS, GPU_HEADERS, _known
+
+    config = load_profile_config(
+        ["-m", str(EXAMPLES), "--profile-models", "add_sub", "--inference-output-fields",
+         "model_name,perf_throughput,perf_speed", "--gpu-output-fields",
+         "gpu_uuid,gpu_used_memory"], cwd=tmp_path)  # fmt: skip
+    said = [n for n in config.notes if "output_fields" in n]
+    assert len(said) == 1 and said[0].startswith(
+        "command line: 'inference_output_fields' names 'perf_speed', which is not a column of "
+        "that table; it is left out (known: ")  # fmt: skip
+    fields = _known(list(config.inference_output_fields), "inference_output_fields")
+    assert fields == ["model_name", "perf_throughput"]
+    # the tables' own columns are what the settings check against
+    assert set(COLUMNS) == OUTPUT_FIELDS["inference_output_fields"]
+    assert set(GPU_HEADERS) == OUTPUT_FIELDS["gpu_output_fields"]
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "argv", "needle"),
     [

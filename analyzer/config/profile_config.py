@@ -25,6 +25,7 @@ from analyzer.config.model_specs import ModelSpec, constraints, model_specs, obj
 from analyzer.config.settings import Settings
 from analyzer.config.values import BY_NAME, FIELDS, ProfileConfigError, convert
 from analyzer.cpulist import CpuListError, parse_cpu_list
+from analyzer.metrics import OUTPUT_FIELDS
 
 __all__ = ["ModelSpec", "ProfileConfig", "ProfileConfigError", "load_profile_config",
            "load_settings"]  # fmt: skip
@@ -91,6 +92,7 @@ def load_settings(cli: dict[str, Any], cwd: Path | None = None) -> ProfileConfig
               else copy.deepcopy(f.default) for f in FIELDS}  # fmt: skip
     _objects(values, sources)
     _check_ranges(values)
+    notes += _unknown_output_fields(values, sources)
     if values["storage"] is None and storage_from_environment():
         values["storage"] = storage_from_environment()
         if values["run_config_search_mode"] == "optuna":
@@ -106,6 +108,18 @@ def load_settings(cli: dict[str, Any], cwd: Path | None = None) -> ProfileConfig
         raw.get("profile_models"), values, sources.get("profile_models", where), notes
     )
     return ProfileConfig.from_values(values, models, notes)
+
+
+def _unknown_output_fields(values: dict[str, Any], sources: dict[str, str]) -> list[str]:
+    """A `*_output_fields` name that is no column of its table, said now rather than after the
+    run; the CSV is written without it."""
+    notes = []
+    for key, known in OUTPUT_FIELDS.items():
+        for tag in values[key] or []:
+            if tag not in known:
+                notes.append(f"{sources[key]}: '{key}' names '{tag}', which is not a column of "
+                             f"that table; it is left out (known: {', '.join(sorted(known))})")
+    return notes
 
 
 def _read_yaml(path: Path, notes: list[str]) -> dict[str, Any]:

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analyzer.errors import AnalyzerError
 from analyzer.fsutil import atomic_write_text
-from analyzer.metrics import METRICS
+from analyzer.metrics import METRICS, OUTPUT_FIELDS
 from analyzer.report.machine import machine_info
 from analyzer.results.measurement import Measurement
 from analyzer.results.ranking import ConfigResult, Ranker, top_across_models
@@ -86,11 +85,10 @@ def _or_blank(value: Any) -> Any:
     return "" if value is None else value
 
 
-def _check_fields(fields: list[str], known: set[str], key: str) -> None:
-    for tag in fields:
-        if tag not in known:
-            raise AnalyzerError(
-                f"{key} has '{tag}', which is not a column; known: {sorted(known)}")
+def _known(fields: list[str], key: str) -> list[str]:
+    """The fields that are columns of the table; the others were noted when the settings were
+    read (analyzer.config.profile_config) and are left out."""
+    return [tag for tag in fields if tag in OUTPUT_FIELDS[key]]
 
 
 def _rate_mode(fields: list[str], models) -> list[str]:
@@ -116,13 +114,11 @@ def _rows(models) -> list[tuple[ConfigResult, Measurement, Ranker]]:
 def write_csvs(outcome, results_dir: Path) -> dict[str, Path]:
     c = outcome.config
     results_dir.mkdir(parents=True, exist_ok=True)
-    inference_fields = _rate_mode(c.inference_output_fields or DEFAULT_INFERENCE_FIELDS,
-                                  outcome.models)  # fmt: skip
-    gpu_fields = _rate_mode(c.gpu_output_fields or DEFAULT_GPU_FIELDS, outcome.models)
-    server_fields = c.server_output_fields or DEFAULT_SERVER_FIELDS
-    _check_fields(inference_fields, set(COLUMNS), "inference_output_fields")
-    _check_fields(gpu_fields, set(GPU_HEADERS), "gpu_output_fields")
-    _check_fields(server_fields, set(GPU_HEADERS), "server_output_fields")
+    inference_fields = _rate_mode(_known(c.inference_output_fields or DEFAULT_INFERENCE_FIELDS,
+                                         "inference_output_fields"), outcome.models)  # fmt: skip
+    gpu_fields = _rate_mode(_known(c.gpu_output_fields or DEFAULT_GPU_FIELDS,
+                                   "gpu_output_fields"), outcome.models)  # fmt: skip
+    server_fields = _known(c.server_output_fields or DEFAULT_SERVER_FIELDS, "server_output_fields")
     rows = _rows(outcome.models)
     paths = {
         "inference": results_dir / c.filename_model_inference,
