@@ -29,6 +29,7 @@ from analyzer.loadgen.measure import MeasurementError
 from analyzer.loadgen.perf import PerfOptions
 from analyzer.results.checkpoint import Checkpoint, point_key
 from analyzer.results.finals import (
+    RESOLUTION,
     Calibration,
     Comparison,
     FinalResult,
@@ -305,13 +306,20 @@ def _measure_finalist(
 def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigResult],
               finals: dict[str, FinalResult], default: ConfigResult | None) -> None:  # fmt: skip
     """What the rounds say: the leader, the configs tied with it within noise, the cheapest of
-    those as the recommendation, and its throughput against the default config's."""
+    those whose mean is within RESOLUTION of the leader's as the recommendation, and its
+    throughput against the default config's."""
     meeting = [n for n in finals if by_name[n].satisfies] or list(finals)
     leader = max(meeting, key=lambda n: by_name[n].score)
     comparison.leader = leader
     comparison.tied = mark_ties({n: finals[n] for n in meeting}, leader, ranker.score)
+    # a tie says the rounds cannot tell the two apart; only a config whose mean is within the
+    # resolution of the leader's may replace it for being cheaper: with three rounds a config
+    # 10% behind can be "tied", and a smaller max batch size is not worth 10% of the throughput
+    close = [n for n in comparison.tied
+             if ranker.score(finals[leader].combined) - ranker.score(finals[n].combined)
+             <= math.log1p(RESOLUTION)]  # fmt: skip
     chosen_name, reason = cheapest([(n, by_name[n].description, finals[n].combined)
-                                    for n in comparison.tied])  # fmt: skip
+                                    for n in close])  # fmt: skip
     comparison.recommended = chosen_name
     if chosen_name != leader:
         comparison.why = (f"{chosen_name} is tied with {leader} within noise and is cheaper: "

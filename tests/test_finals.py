@@ -255,3 +255,28 @@ def test_a_finalist_whose_search_stopped_a_load_level_short_is_moved_up(tmp_path
     assert Comparison.from_dict(c.to_dict()) == c
     again, model = run(tmp_path)  # the same checkpoint: every point is read back
     assert again.measured == [] and model.comparison.moved == ["short"]
+
+
+def test_a_cheaper_tied_config_replaces_the_leader_only_within_five_percent_of_its_mean():
+    """Three noisy rounds tie a config 10% behind with the leader: it is not recommended for a
+    smaller max batch size; one 3% behind is."""
+    from analyzer.final_comparison import _conclude
+
+    ranker = Ranker({"perf_throughput": 1.0}, {})
+
+    def finalist(name: str, max_batch: int, rounds: list[float]) -> ConfigResult:
+        r = result(name, 1, max_batch, [])
+        r.final = summarize([point(name, t) for t in rounds])
+        return r
+
+    for behind, recommended in ((0.90, "leader"), (0.97, "small")):
+        # rounds that move apart (a noisy machine): the paired difference's interval is wide
+        leader = finalist("leader", 16, [1000.0, 700.0, 1250.0])
+        small = finalist("small", 8, [behind * t for t in (1250.0, 700.0, 1000.0)])
+        results = [leader, small]
+        ranker.rank(results)
+        finals = {r.name: r.final for r in results}
+        comparison = Comparison(3, list(finals))
+        _conclude(comparison, ranker, {r.name: r for r in results}, finals, None)
+        assert comparison.tied == ["leader", "small"], behind
+        assert comparison.recommended == recommended, behind
