@@ -3,6 +3,7 @@ throughput moves between repeats (issue 16, item 6).
 
     .venv/bin/python benchmarks/winner_stability.py --work DIR [--models cost_model,tiny_cnn]
         [--modes quick,optuna,brute] [--repeats 10] [--brute-repeats N] [--reference-rounds 3]
+        [--rule kept|current]
 
 Three phases, all resumable from DIR (a finished run is never repeated, so the job can be split
 over several sittings; delete DIR to start over):
@@ -32,6 +33,10 @@ over several sittings; delete DIR to start over):
 The runs of 2026-11-24 (tiny_cnn: 1 brute, 10 quick, 10 optuna, the reference) are kept in
 benchmarks/results/winner_stability: `--work benchmarks/results/winner_stability` reports them
 again, and goes on with what is missing (cost_model, more brute runs) without repeating them.
+
+`--rule current` draws each run's recommendation again from the final rounds its results file
+kept, by this tree's rule (the tie rule, the cheapest of the tied): a rule change is seen on the
+same runs and the same reference, with no new search.
 
 As BENCHMARKING.md asks, the worker and the load generator run on separate cores (the product's
 default placement on this 2-core machine: load generator CPU 0, worker CPU 1).
@@ -116,6 +121,32 @@ def search(model: str, mode: str, seed: int, work: Path) -> dict:
     return summary
 
 
+def reconcluded(run: dict, work: Path) -> dict:
+    """The run with its recommendation drawn again from its own final rounds (kept in
+    work/runs/*.results.json) by this tree's rule: what a rule change alone would have
+    recommended, with no new measurement."""
+    from analyzer.final_comparison import _conclude
+    from analyzer.results.outcome import outcome_from_document
+    from analyzer.results.ranking import Ranker
+
+    kept = work / "runs" / f"{run['model']}-{run['mode']}-{run['seed']}.results.json"
+    model = outcome_from_document(json.loads(kept.read_text())).models[0]
+    comparison = model.comparison
+    finals = {r.name: r.final for r in model.results if r.final is not None}
+    if comparison is None or len(finals) < 2:
+        return run
+    ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
+    ranker.rank(model.results)
+    by_name = {r.name: r for r in model.results}
+    _conclude(comparison, ranker, by_name, finals, model.default)
+    chosen = by_name[comparison.recommended]
+    assert chosen.best is not None
+    return {**run, "winner": {k: chosen.description[k] for k in KEY},
+            "winner_name": chosen.name, "winner_load": chosen.best.value,
+            "winner_throughput": chosen.best.metrics["perf_throughput"],
+            "vs_default": comparison.vs_default.estimate if comparison.vs_default else None}
+
+
 def key_text(key: dict) -> str:
     return (f"{key['instance_group']}, mbs {key['max_batch_size']}, delay "
             f"{key['max_queue_delay_us']} us"
@@ -179,7 +210,8 @@ def reference(model: str, runs: list[dict], rounds: int, work: Path) -> dict[str
     return out
 
 
-def perf_analyzer_check(model: str, runs: list[dict], rounds: int, work: Path) -> None:
+def perf_analyzer_check(model: str, runs: list[dict], rounds: int, work: Path,
+                        rule: str = "kept") -> None:  # fmt: skip
     """Issue 16's acceptance: the first three quick searches' winners and the default config,
     served by one worker and measured by NVIDIA perf_analyzer side by side (rotating order, the
     first winner twice for the A/A floor), each at the load its search chose."""
@@ -201,7 +233,8 @@ def perf_analyzer_check(model: str, runs: list[dict], rounds: int, work: Path) -
             config["config_pbtxt"].replace(f'name: "{config["name"]}"', f'name: "{name}"'))
     out = work / "perf_analyzer" / f"{model}.csv"
     legs = [*entries, "q0-again"]
-    done = work / "perf_analyzer" / f"{model}.json"
+    # the winners differ by rule: each rule's measurement is kept apart
+    done = work / "perf_analyzer" / (f"{model}.json" if rule == "kept" else f"{model}-{rule}.json")
     if done.exists():
         got = json.loads(done.read_text())
     else:
@@ -280,6 +313,9 @@ def main() -> int:
                         help="brute runs (default: --repeats); one is enough to fix the config set")
     parser.add_argument("--reference-rounds", type=int, default=3)
     parser.add_argument("--perf-analyzer-rounds", type=int, default=5)
+    parser.add_argument("--rule", choices=("kept", "current"), default="kept",
+                        help="current: each run's recommendation drawn again from its kept final "
+                             "rounds by this tree's rule (to see a rule change without new runs)")
     parser.add_argument("--searches-only", action="store_true",
                         help="run (or finish) the searches and stop before the reference")
     args = parser.parse_args()
@@ -293,6 +329,8 @@ def main() -> int:
                 if mode == "brute" and seed >= (args.brute_repeats or args.repeats):
                     continue
                 run = search(model, mode, seed, work)
+                if args.rule == "current":
+                    run = reconcluded(run, work)
                 runs.append(run)
                 print(f"{model} {mode} seed {seed}: {run['measured']} points, "
                       f"{run['wall_s']:.0f} s, winner {key_text(run['winner'])} at "
@@ -302,7 +340,7 @@ def main() -> int:
             continue
         ref = reference(model, runs, args.reference_rounds, work)
         report(model, runs, ref)
-        perf_analyzer_check(model, runs, args.perf_analyzer_rounds, work)
+        perf_analyzer_check(model, runs, args.perf_analyzer_rounds, work, args.rule)
     return 0
 
 
