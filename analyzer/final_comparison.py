@@ -306,18 +306,19 @@ def _measure_finalist(
 def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigResult],
               finals: dict[str, FinalResult], default: ConfigResult | None) -> None:  # fmt: skip
     """What the rounds say: the leader, the configs tied with it within noise, the cheapest of
-    those whose mean is within RESOLUTION of the leader's as the recommendation, and its
-    throughput against the default config's."""
+    those shown no more than RESOLUTION behind it as the recommendation, and its throughput
+    against the default config's."""
     meeting = [n for n in finals if by_name[n].satisfies] or list(finals)
     leader = max(meeting, key=lambda n: by_name[n].score)
     comparison.leader = leader
     comparison.tied = mark_ties({n: finals[n] for n in meeting}, leader, ranker.score)
-    # a tie says the rounds cannot tell the two apart; only a config whose mean is within the
-    # resolution of the leader's may replace it for being cheaper: with three rounds a config
-    # 10% behind can be "tied", and a smaller max batch size is not worth 10% of the throughput
+    # A tie says the rounds cannot tell a config from the leader; it may still be well behind
+    # (three rounds "tie" configs 10% apart). A cheaper config replaces the leader only when the
+    # rounds show it is not worse by more than RESOLUTION: the 95% interval of its paired score
+    # difference lies above -log(1 + RESOLUTION) (a non-inferiority margin of 5% throughput).
+    margin = -math.log1p(RESOLUTION)
     close = [n for n in comparison.tied
-             if ranker.score(finals[leader].combined) - ranker.score(finals[n].combined)
-             <= math.log1p(RESOLUTION)]  # fmt: skip
+             if finals[n].vs_leader is None or finals[n].vs_leader.low >= margin]  # fmt: skip
     chosen_name, reason = cheapest([(n, by_name[n].description, finals[n].combined)
                                     for n in close])  # fmt: skip
     comparison.recommended = chosen_name
