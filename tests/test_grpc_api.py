@@ -106,5 +106,6 @@ def test_a_kept_response_head_serializes_as_the_full_message():
                 "D": np.array([[True, False, scale > 1]]),
             }
             got = pb.ModelInferResponse.FromString(service.encode_bytes(Model(), request, outputs))
-            assert got == InferenceService.encode(Model(), request, outputs)
+            requested = [o.name for o in request.outputs] or None
+            assert got == InferenceService.encode(Model(), request.id, outputs, requested)
     assert len(service._heads) == 2

@@ -83,17 +83,34 @@ def test_a_repeated_layout_is_served_from_its_kept_parse(service):
     first = values(rng)
     service.submit_bytes(message(*first, id="x").SerializeToString(), None)
     assert len(service.layouts.layouts) == 1
-    for _ in range(3):
+    # a streaming client numbers its requests: the id is not part of the layout
+    for request_id in ("x", "y", "", "a much longer id than the first one, 12345"):
         a, b = values(rng)
         got_model, fields, requested, request = service.submit_bytes(
-            message(a, b, id="x").SerializeToString(), None)  # fmt: skip
+            message(a, b, id=request_id).SerializeToString(), None)  # fmt: skip
         assert service.layouts.last is not None and got_model is model
-        assert requested == ("Y",) and fields.id == "x" and not fields.raw_input_contents
+        assert requested == ("Y",) and fields.id == "" and not fields.raw_input_contents
         np.testing.assert_array_equal(request.inputs["A"], a)
         np.testing.assert_array_equal(request.inputs["B"], b)
         assert request.wire_types == {"A": "FP32", "B": "INT64"}
-        assert request.priority == 2 and request.id == "x" and request.batch_size == 1
-    assert len(model.submitted) == 4 and len(service.layouts.layouts) == 1
+        assert request.priority == 2 and request.id == request_id and request.batch_size == 1
+    assert len(model.submitted) == 5 and len(service.layouts.layouts) == 1
+
+
+def test_answers_share_one_head_and_carry_their_own_id(service):
+    """The response head is kept per layout, not per id; each answer appends its id."""
+    model = service.manager.model
+    for request_id in ("1", "22", ""):
+        outputs = {"Y": np.full((1, 4), float(len(request_id)), np.float32)}
+        fields = pb.ModelInferRequest(model_name="m")
+        fields.outputs.add(name="Y")
+        data = b"".join(service.encode_parts(model, fields, outputs, ("Y",), request_id))
+        answer = pb.ModelInferResponse.FromString(data)
+        assert answer.id == request_id and answer.model_name == "m"
+        assert [o.name for o in answer.outputs] == ["Y"] and list(answer.outputs[0].shape) == [1, 4]
+        y = np.frombuffer(answer.raw_output_contents[0], np.float32)
+        assert y.tolist() == [float(len(request_id))] * 4
+    assert len(service._heads) == 1
 
 
 def test_other_sizes_fields_or_trailing_bytes_take_the_general_path(service):
@@ -103,7 +120,12 @@ def test_other_sizes_fields_or_trailing_bytes_take_the_general_path(service):
     assert layouts.match(message(*values(rng)).SerializeToString()) is not None
     assert layouts.match(message(*values(rng, width=5)).SerializeToString()) is None
     assert layouts.match(message(*values(rng, batch=2)).SerializeToString()) is None
-    assert layouts.match(message(*values(rng), id="other").SerializeToString()) is None
+    matched = layouts.match(message(*values(rng), id="other").SerializeToString())
+    assert matched is not None and matched[2] == "other"  # only the id differs
+    twice = message(*values(rng), id="a").SerializeToString()
+    start = raw_start(twice)
+    assert layouts.match(twice[:start] + b"\x1a\x01b" + twice[start:]) is None  # two ids
+    assert layouts.match(twice.replace(b"\x1a\x01a", b"\x1a\x01\xff")) is None  # not UTF-8
     data = message(*values(rng)).SerializeToString()
     assert layouts.match(data + b"\x0a\x01m") is None  # a field after the raw contents
     start = raw_start(data)
@@ -145,7 +167,9 @@ def test_bytes_inputs_typed_contents_and_bad_requests_are_never_kept(service):
 def test_layouts_are_bounded(service):
     rng = np.random.default_rng(4)
     for i in range(Layouts.MAX_LAYOUTS + 10):
-        service.submit_bytes(message(*values(rng), id=str(i)).SerializeToString(), None)
+        request = message(*values(rng))
+        request.parameters["layout"].int64_param = i  # another parameter: another layout
+        service.submit_bytes(request.SerializeToString(), None)
     assert len(service.layouts.layouts) == Layouts.MAX_LAYOUTS
     long_id = "i" * (Layouts.MAX_PREFIX_BYTES + 1)
     before = dict(service.layouts.layouts)

@@ -28,3 +28,18 @@ def test_perf_analyzer_drives_the_worker(examples_worker, protocol, model, tmp_p
     assert len(throughputs) == 2 and all(t > 0 for t in throughputs), run.stdout
     rows = csv.read_text().splitlines()
     assert rows[0].startswith("Concurrency,Inferences/Second") and len(rows) == 3
+
+
+def test_perf_analyzer_streams_to_the_worker(examples_worker, tmp_path: Path):
+    """`-i grpc --streaming`: every request of a ModelStreamInfer stream answered with its id
+    and the final-response flag perf_analyzer asks for, or it exits with an error."""
+    csv = tmp_path / "pa.csv"
+    cmd = [
+        str(PERF_ANALYZER), "-m", "add_sub", "-u", examples_worker.grpc, "-i", "grpc",
+        "--streaming", "--concurrency-range", "4", "-p", "500", "-s", "100", "-r", "30",
+        "-f", str(csv),
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    throughput = re.findall(r"Throughput: ([\d.]+) infer/sec", run.stdout)
+    assert len(throughput) == 1 and float(throughput[0]) > 0, run.stdout

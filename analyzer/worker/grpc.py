@@ -22,12 +22,13 @@ from analyzer import __version__
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.grpc_layouts import Layouts, varint
 from analyzer.worker.grpc_messages import (
+    MalformedRequest,
     decode_inputs,
     encode_outputs,
     load_params,
     param_value,
-    stream_error,
 )
+from analyzer.worker.grpc_stream import answer_stream
 from analyzer.worker.http import server_metadata
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
@@ -179,61 +180,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ------------------------------------------------------------------------------
     async def ModelStreamInfer(self, request_iterator, context):
-        """Each request gets one response message, an error one included, in completion order."""
+        """Each request gets one response message, an error one included, in completion order
+        (grpc_stream.py). `request_iterator` is the stream's Inbox of serialized requests; the
+        answers are serialized ModelStreamInferResponses, as parts to join."""
         await self._allow("inference", context)
-        queue: asyncio.Queue = asyncio.Queue()
-        answers: set[asyncio.Task] = set()
-        pending = 0
-        reading = True
-
-        async def answer(request) -> None:
-            try:
-                response = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
-                final = request.parameters.get("triton_enable_empty_final_response")
-                if final is not None and final.bool_param:
-                    response.infer_response.parameters["triton_final_response"].bool_param = True
-            except InferError as err:
-                response = stream_error(request, err.message)
-            except Exception as err:  # a bug must still answer, or the stream waits forever
-                response = stream_error(request, f"internal error: {type(err).__name__}: {err}")
-            await queue.put(response)
-
-        # a client that streams requests without reading the answers is held back here, not
-        # by the worker's memory
-        room = asyncio.Semaphore(self.limits.grpc_max_stream_pending)
-
-        async def read() -> None:
-            nonlocal pending, reading
-            try:
-                requests = aiter(request_iterator)
-                while True:
-                    await room.acquire()
-                    try:
-                        request = await anext(requests)
-                    except StopAsyncIteration:
-                        break
-                    pending += 1
-                    task = asyncio.ensure_future(answer(request))
-                    answers.add(task)
-                    task.add_done_callback(answers.discard)
-            finally:
-                reading = False
-                queue.put_nowait(None)
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while reading or pending:
-                item = await queue.get()
-                if item is None:
-                    continue
-                pending -= 1
-                yield item
-                room.release()
-        finally:
-            # the client went away or the stream ended: queued requests are cancelled with it
-            reader.cancel()
-            for task in list(answers):
-                task.cancel()
+        async for parts in answer_stream(self, request_iterator):
+            yield parts
 
     def prepare(
         self, request: pb.ModelInferRequest, on_done, arrival: int = 0
@@ -266,24 +218,26 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def submit_bytes(self, data: bytes, on_done) -> tuple[Any, pb.ModelInferRequest, Any, Any]:
         """Parse, check and queue a serialized ModelInferRequest.
 
-        Returns the model, the request's fields an answer needs (id, requested outputs; no
-        tensors), the requested outputs' names (None: read them from the fields) and the queued
+        Returns the model, the request's fields an answer needs (model, requested outputs; no
+        tensors; a kept layout's have no id: the queued request's `id` is the one to answer
+        with), the requested outputs' names (None: read them from the fields) and the queued
         request. Raises InferError before anything is queued.
         """
         arrival = time.perf_counter_ns()
         layouts = self.layouts
-        layout = layouts.match(data)
-        if layout is None:
+        matched = layouts.match(data)
+        if matched is None:
             try:
                 fields = pb.ModelInferRequest.FromString(data)
             except DecodeError as err:
-                raise InferError(f"malformed request: {err}") from None
+                raise MalformedRequest(str(err)) from None
             model, request = self.prepare(fields, on_done, arrival)
             model.submit(request)  # validates against the model: may raise InferError
             layouts.learn(data, fields, request)
             return model, fields, None, request
+        layout, base, request_id = matched
         model = self.manager.get(layout.model_name, layout.model_version)
-        request = layout.request(data, on_done, arrival)
+        request = layout.request(data, on_done, arrival, base, request_id)
         check_once(model.validator, request, layout.checked)
         model.submit(request, checked=True)
         return model, layout.fields, layout.output_names, request
@@ -298,23 +252,27 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         request: pb.ModelInferRequest,
         outputs: dict,
         requested: tuple[str, ...] | None = None,
+        request_id: str | None = None,
     ) -> list[bytes]:
         """The serialized ModelInferResponse of a unary call, as parts to concatenate.
 
-        Everything but the raw output bytes depends only on the model, the request's id and
-        requested outputs (`requested`: their names when the caller knows them), and the
-        outputs' names, types and shapes, which repeat call after call: that part is serialized
-        once per layout, and each answer appends its raw_output_contents fields to it (protobuf
-        merges concatenated fields).
+        Everything but the id and the raw output bytes depends only on the model, the requested
+        outputs (`requested`: their names when the caller knows them) and the outputs' names,
+        types and shapes, which repeat call after call: that head is serialized once per layout,
+        and each answer appends its id (`request_id`, else the request's) and raw_output_contents
+        fields to it (protobuf merges concatenated fields, in any order).
         """
         if requested is None:
             requested = tuple(o.name for o in request.outputs)
-        key = (model.name, model.version, request.id, requested,
+        if request_id is None:
+            request_id = request.id
+        key = (model.name, model.version, requested,
                *[(n, a.dtype, a.shape) for n, a in outputs.items()])  # fmt: skip
         head = self._heads.get(key)
         if head is None:
-            response = self.encode(model, request, outputs)
+            response = self.encode(model, "", outputs, list(requested) or None)
             if any(o.datatype in ("BYTES", "BF16") for o in response.outputs):
+                response.id = request_id
                 return [response.SerializeToString()]
             del response.raw_output_contents[:]
             head = response.SerializeToString()
@@ -322,16 +280,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 del self._heads[next(iter(self._heads))]
             self._heads[key] = head
         parts = [head]
+        if request_id:
+            ident = request_id.encode()
+            parts.append(_ID_TAG + varint(len(ident)) + ident)
         for name in requested or outputs:
             blob = outputs[name].tobytes()  # the head's key holds a fixed-size dtype: C order
             parts += (_RAW_OUTPUT_TAG + varint(len(blob)), blob)
         return parts
 
     @staticmethod
-    def encode(model, request: pb.ModelInferRequest, outputs: dict) -> pb.ModelInferResponse:
-        requested = [o.name for o in request.outputs] or None
+    def encode(model, request_id: str, outputs: dict, requested) -> pb.ModelInferResponse:
         try:
-            return encode_outputs(model, request.id, outputs, requested)
+            return encode_outputs(model, request_id, outputs, requested)
         except InferError:
             raise
         except Exception as err:  # the model's fault, but the client still gets an answer
@@ -340,34 +300,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 Status.INTERNAL,
             ) from None
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """One request of a stream, answered through the loop this coroutine runs on."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-
-        def settle(outputs, error) -> None:
-            if not future.done():
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(outputs)
-
-        def on_done(outputs, error) -> None:
-            loop.call_soon_threadsafe(settle, outputs, error)
-
-        model, infer_request = self.prepare(request, on_done)
-        model.submit(infer_request)
-        try:
-            outputs = await future
-        except asyncio.CancelledError:  # the stream ended or its client left
-            infer_request.cancel()
-            raise
-        except InferError:
-            raise
-        except Exception as err:
-            raise InferError(str(err), Status.INTERNAL) from None
-        return self.encode(model, request, outputs)
-
 
 _MAX_HEADS = 256
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
+_ID_TAG = b"\x1a"  # ModelInferResponse.id: field 3, length-delimited

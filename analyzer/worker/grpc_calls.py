@@ -136,7 +136,7 @@ class CallHandling(ConnectionState):
             return
         loop = self.loop
         finished = self._infer_done
-        answer: list = []  # (model, request fields, requested outputs) once submitted
+        answer: list = []  # (model, request fields, requested outputs, id) once submitted
 
         def on_done(outputs, error) -> None:  # on the thread that finished the batch
             loop.call_soon_threadsafe(finished, stream, answer, outputs, error)
@@ -149,7 +149,7 @@ class CallHandling(ConnectionState):
         except Exception as err:  # a bug must still answer the call
             self._refuse(stream, grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
             return
-        answer += (model, fields, requested)
+        answer += (model, fields, requested, request.id)
         stream.cancel = request.cancel
 
     def _infer_done(self, stream: Stream, answer: list, outputs, error) -> None:
@@ -161,7 +161,7 @@ class CallHandling(ConnectionState):
             self._refuse(stream, status or grpc.StatusCode.INTERNAL, str(error))
             return
         try:
-            parts = self.service.encode_parts(answer[0], answer[1], outputs, answer[2])
+            parts = self.service.encode_parts(answer[0], answer[1], outputs, answer[2], answer[3])
         except InferError as err:
             self._refuse(stream, err.status.grpc, err.message)
             return
@@ -176,10 +176,10 @@ class CallHandling(ConnectionState):
         inbox = stream.inbox
         assert inbox is not None
         try:
-            async for response in self.service.ModelStreamInfer(inbox, _Context(stream.metadata)):
+            async for parts in self.service.ModelStreamInfer(inbox, _Context(stream.metadata)):
                 if stream.answered:
                     return
-                self._send_message(stream, [response.SerializeToString()])
+                self._send_message(stream, parts)
                 if len(stream.out) > self.limits.write_high_water_bytes:
                     stream.drained = self.loop.create_future()
                     await stream.drained  # the client must read before the stream goes on

@@ -54,10 +54,18 @@ def load_params(request: pb.RepositoryModelLoadRequest) -> tuple[str | None, dic
     return config, files
 
 
-def stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+class MalformedRequest(InferError):
+    """Bytes that are no ModelInferRequest: a unary call is refused, a stream ends."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"malformed request: {detail}")
+        self.detail = detail
+
+
+def stream_error(request_id: str, model_name: str, message: str) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(
         error_message=message,
-        infer_response=pb.ModelInferResponse(id=request.id, model_name=request.model_name),
+        infer_response=pb.ModelInferResponse(id=request_id, model_name=model_name),
     )
 
 

@@ -12,9 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf.message import DecodeError
 from hpack import Decoder
-from tritonclient.grpc import service_pb2 as pb
 
 from analyzer.http2 import DEFAULT_FRAME, DEFAULT_WINDOW, CoalescedWrites
 
@@ -36,7 +34,8 @@ class ConnectionFault(Exception):
 
 
 class Inbox:
-    """A ModelStreamInfer stream's requests as an async iterator; taking one returns its window."""
+    """A ModelStreamInfer stream's serialized requests as an async iterator; taking one returns
+    its window."""
 
     def __init__(self, conn: RequestReading, stream: Stream) -> None:
         self.conn, self.stream = conn, stream
@@ -59,7 +58,12 @@ class Inbox:
     def __aiter__(self) -> Inbox:
         return self
 
-    async def __anext__(self) -> pb.ModelInferRequest:
+    def fail(self, error: str) -> None:
+        """A message was no ModelInferRequest: the stream takes no more and ends with `error`."""
+        self.ended, self.error = True, error
+        self.items.clear()
+
+    async def __anext__(self) -> bytes:
         while not self.items:
             if self.ended:
                 raise StopAsyncIteration
@@ -67,11 +71,7 @@ class Inbox:
             await self.waiter
         message, wire = self.items.pop(0)
         self.conn.return_window(self.stream, wire)
-        try:
-            return pb.ModelInferRequest.FromString(message)
-        except DecodeError as err:
-            self.ended, self.error = True, f"malformed ModelInferRequest in the stream: {err}"
-            raise StopAsyncIteration from None
+        return message
 
 
 class Stream:

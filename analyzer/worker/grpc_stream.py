@@ -1,0 +1,128 @@
+"""ModelStreamInfer's answers: each message of a stream gets one response, in completion order.
+
+A stream's messages take the unary call's fast lane: `InferenceService.submit_bytes` (a request laid
+out like one seen before is served from its kept parse, its inputs numpy views of the message) and
+`encode_parts` (the response head serialized once per layout). Each answer is a
+ModelStreamInferResponse written as bytes -- field 2, `infer_response`, around the unary answer's
+parts -- with no protobuf object, task or coroutine per request: the model's completion callback
+puts it on the stream's queue through the loop.
+
+Bounded as before: at most `grpc_max_stream_pending` requests of one stream are in the worker; the
+next message is not taken (and its flow-control window not returned) until an answer is sent. An
+error of one request (an unknown model, a bad input) is that request's answer (`error_message`),
+and the stream goes on; a message that is not a ModelInferRequest ends the stream with
+INVALID_ARGUMENT once the requests before it are answered; requests still in the worker when the
+stream ends are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from tritonclient.grpc import service_pb2 as pb
+
+from analyzer.worker.errors import InferError
+from analyzer.worker.grpc_layouts import varint
+from analyzer.worker.grpc_messages import MalformedRequest, stream_error
+
+if TYPE_CHECKING:
+    from analyzer.worker.grpc import InferenceService
+    from analyzer.worker.grpc_state import Inbox
+
+_INFER_RESPONSE = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, length-delimited
+# perf_analyzer asks every request's response to say it is the last (non-decoupled models)
+_FINAL_ASKED = "triton_enable_empty_final_response"
+_FINAL = pb.ModelInferResponse(
+    parameters={"triton_final_response": pb.InferParameter(bool_param=True)}
+).SerializeToString()  # appended to a response, protobuf merges it into the map
+
+
+async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterator[list[bytes]]:
+    """The serialized ModelStreamInferResponse of each request of `inbox`, as parts to join."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Queue[list[bytes] | None] = asyncio.Queue()
+    in_flight: dict[int, Any] = {}  # number -> the queued InferRequest, to cancel at the end
+    room = asyncio.Semaphore(service.limits.grpc_max_stream_pending)
+    state = {"reading": True, "pending": 0}
+
+    def finished(number: int, answer: list, outputs, error) -> None:  # on the loop
+        in_flight.pop(number, None)
+        done.put_nowait(_response(service, answer, outputs, error))
+
+    async def read() -> None:
+        number = 0
+        try:
+            while True:
+                await room.acquire()
+                try:
+                    data = await anext(inbox)
+                except StopAsyncIteration:
+                    break
+                number += 1
+                answer: list = []  # (model, fields, requested outputs, id) once queued
+
+                def on_done(outputs, error, number=number, answer=answer) -> None:  # model's thread
+                    loop.call_soon_threadsafe(finished, number, answer, outputs, error)
+
+                state["pending"] += 1
+                try:
+                    model, fields, requested, request = service.submit_bytes(data, on_done)
+                except MalformedRequest as err:
+                    state["pending"] -= 1
+                    inbox.fail(f"malformed ModelInferRequest in the stream: {err.detail}")
+                    break
+                except Exception as err:  # this request's answer; the stream goes on
+                    done.put_nowait(_refused(data, err))
+                    continue
+                # `finished` runs on this loop, so only after this line: `answer` is complete
+                answer += (model, fields, requested, request.id)
+                in_flight[number] = request
+        finally:
+            state["reading"] = False
+            done.put_nowait(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while state["reading"] or state["pending"]:
+            item = await done.get()
+            if item is None:
+                continue
+            state["pending"] -= 1
+            yield item
+            room.release()
+    finally:
+        # the client went away or the stream ended: its requests still queued are cancelled
+        reader.cancel()
+        for request in list(in_flight.values()):
+            request.cancel()
+
+
+def _response(service: InferenceService, answer: list, outputs, error) -> list[bytes]:
+    model, fields, requested, request_id = answer
+    if error is None:
+        try:
+            parts = service.encode_parts(model, fields, outputs, requested, request_id)
+        except InferError as err:
+            error = err
+        except Exception as err:  # outputs no encoder understands: still an answer
+            error = InferError(f"model '{model.name}' returned outputs that cannot be sent: {err}")
+    if error is not None:
+        message = error.message if isinstance(error, InferError) else str(error)
+        return [stream_error(request_id, fields.model_name, message).SerializeToString()]
+    final = fields.parameters.get(_FINAL_ASKED)
+    if final is not None and final.bool_param:
+        parts.append(_FINAL)
+    size = sum(len(p) for p in parts)
+    return [_INFER_RESPONSE + varint(size), *parts]
+
+
+def _refused(data: bytes, error: Exception) -> list[bytes]:
+    """The answer to a request refused before it was queued (it parsed: it has an id)."""
+    if isinstance(error, InferError):
+        message = error.message
+    else:  # a bug must still answer, or the stream waits forever
+        message = f"internal error: {type(error).__name__}: {error}"
+    request = pb.ModelInferRequest.FromString(data)
+    return [stream_error(request.id, request.model_name, message).SerializeToString()]
