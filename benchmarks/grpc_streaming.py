@@ -15,9 +15,7 @@ worker, each as median (min-max) over the rounds, with infer/s and p99 medians.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,26 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import placement  # noqa: E402
-from grpc_vs_http import rotating_rounds, spread  # noqa: E402
+from grpc_vs_http import measure, rotating_rounds, spread  # noqa: E402
 from placement import PLACEMENT  # noqa: E402
 from serving import start_worker  # noqa: E402
 
 LEGS = ("after", "after-again", "before", "after-unary")
-
-
-def measure(address: str, model: str, streaming: bool, concurrency: int, window_ms: int,
-            out: Path) -> tuple[float, float]:  # fmt: skip
-    """perf_analyzer's throughput and p99 (µs) for one point over gRPC."""
-    cmd = ["taskset", "-c", PLACEMENT.client_cpus, str(placement.perf_analyzer()), "-m", model,
-           "-u", address, "-i", "grpc", *(["--streaming"] if streaming else []),
-           "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "50",
-           "-f", str(out)]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}\n{run.stdout}{run.stderr}")
-    with out.open() as f:
-        row = next(csv.DictReader(f))
-    return float(row["Inferences/Second"]), float(row["p99 latency"])
 
 
 def main() -> int:
@@ -70,7 +53,8 @@ def main() -> int:
 
     def point(leg: str, model: str, c: int, window_ms: int) -> tuple[float, float]:
         worker = workers["after" if leg == "after-unary" else leg]
-        return measure(worker.grpc, model, leg != "after-unary", c, window_ms, out)
+        streaming = ("--streaming",) if leg != "after-unary" else ()
+        return measure(worker.grpc, model, "grpc", c, window_ms, out, streaming)
 
     try:
         for model in args.models.split(","):

@@ -33,10 +33,11 @@ LEGS = ("http", "grpc", "http-again")
 
 
 def measure(address: str, model: str, protocol: str, concurrency: int, window_ms: int,
-            out: Path) -> tuple[float, float]:  # fmt: skip
-    """perf_analyzer's throughput and p99 (µs) for one point (vs_kserve.py uses it too)."""
+            out: Path, extra: tuple[str, ...] = ()) -> tuple[float, float]:  # fmt: skip
+    """perf_analyzer's throughput and p99 (µs) for one point (vs_kserve.py and
+    grpc_streaming.py use it too); `extra`: more perf_analyzer flags (--streaming)."""
     cmd = ["taskset", "-c", PLACEMENT.client_cpus, str(placement.perf_analyzer()), "-m", model,
-           "-u", address, "-i", protocol, "--concurrency-range", str(concurrency),
+           "-u", address, "-i", protocol, *extra, "--concurrency-range", str(concurrency),
            "-p", str(window_ms), "-s", "50", "-f", str(out)]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
