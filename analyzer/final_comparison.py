@@ -107,10 +107,10 @@ class LoadLevels:
     values: list[int]
     gain: float = 0.05
 
-    def above(self, trial: SearchPoint) -> int | None:
-        if trial.load != self.load:
+    def above(self, load: str, value: int) -> int | None:
+        if load != self.load:
             return None
-        return next((v for v in sorted(self.values) if v > trial.value), None)
+        return next((v for v in sorted(self.values) if v > value), None)
 
 
 def run_final_comparison(
@@ -140,8 +140,9 @@ def run_final_comparison(
     )  # fmt: skip
     model.comparison = comparison
     by_name = {r.name: r for r in chosen}
+    check = _LoadCheck(checks, ranker, levels.gain if levels else 0.0)  # no levels, no checks
     got = _measure_rounds(profiler, spec.name, comparison, by_name, options, checkpoint,
-                          fingerprint, _LoadCheck(checks, ranker, levels))  # fmt: skip
+                          fingerprint, check)  # fmt: skip
     finals = {name: summarize(ms) for name, ms in got.items()
               if len(ms) == rounds and name not in comparison.dropped}  # fmt: skip
     for name, final in finals.items():
@@ -159,8 +160,7 @@ def _level_to_check(result: ConfigResult, levels: LoadLevels | None,
     best = result.best
     if levels is None or best is None:
         return None
-    trial = SearchPoint.make(result.params, best.load, best.value, best.batch_size)
-    up = levels.above(trial)
+    up = levels.above(best.load, best.value)
     if up is None:
         return None
     seen = [m for m in result.measurements if (m.load, m.value, m.batch_size)
@@ -176,11 +176,10 @@ class _LoadCheck:
 
     levels: dict[str, int]
     ranker: Ranker
-    sweep: LoadLevels | None
+    gain: float  # the sweep's plateau gain: what a level up must beat its own point by
 
-    def verdict(self, name: str, own: Measurement, up: Measurement) -> tuple[bool, str]:
+    def verdict(self, own: Measurement, up: Measurement) -> tuple[bool, str]:
         """Whether the finalist moves up, and one clause saying what the check found."""
-        gain = self.sweep.gain if self.sweep is not None else 0.05
         ahead = self.ranker.score(up) - self.ranker.score(own)
         violations = self.ranker.violations(up)
         a, b = own.metrics["perf_throughput"], up.metrics["perf_throughput"]
@@ -188,9 +187,9 @@ class _LoadCheck:
                 f"{own.metrics['perf_latency_p99']:.3f} -> {up.metrics['perf_latency_p99']:.3f} ms")
         if violations:
             return False, f"{text}; stays ({'; '.join(violations)})"
-        if ahead > math.log1p(gain):
+        if ahead > math.log1p(self.gain):
             return True, f"{text}; moved up"
-        return False, f"{text}; stays (not {100 * gain:.0f}% better)"
+        return False, f"{text}; stays (not {100 * self.gain:.0f}% better)"
 
 
 def _measure_rounds(
@@ -236,7 +235,7 @@ def _measure_rounds(
                 up = _checked(profiler, result, trial, check.levels[name], per_round, checkpoint,
                               fingerprint, comparison)  # fmt: skip
                 if up is not None:
-                    moved, comparison.load_checks[name] = check.verdict(name, measurement, up)
+                    moved, comparison.load_checks[name] = check.verdict(measurement, up)
                     if moved:
                         comparison.moved.append(name)
                         trials[name] = SearchPoint.make(result.params, trial.load, up.value,
@@ -259,15 +258,11 @@ def _checked(
                     f"{fingerprint}|load check")  # fmt: skip
     measurement = checkpoint.points.get(key)
     if measurement is None:
-        try:
-            measurement = profiler.measure_point(result, up, per_round)
-        except LaunchSetupError:
-            raise
-        except (LaunchError, ServerError, MeasurementError, OSError) as err:
-            comparison.load_checks[result.name] = (f"{trial.load} {value} failed: "
-                                                   f"{profiler.failure_text(err)}")  # fmt: skip
-            profiler.recover()
+        got = _attempt(profiler, result, up, per_round)
+        if isinstance(got, str):
+            comparison.load_checks[result.name] = f"{trial.load} {value} failed: {got}"
             return None
+        measurement = got
         checkpoint.record_point(key, measurement, "load_check")
     measurement.config_name = result.name
     comparison.points += 1
@@ -276,6 +271,20 @@ def _checked(
                                       "round": 1, "rounds": comparison.rounds,
                                       "label": "load check"})  # fmt: skip
     return measurement
+
+
+def _attempt(profiler: Profiler, result: ConfigResult, trial: SearchPoint,
+             per_round: PerfOptions) -> Measurement | str:  # fmt: skip
+    """The point measured now, or why it failed (the worker recovered); a set-up error ends
+    the run."""
+    try:
+        return profiler.measure_point(result, trial, per_round)
+    except LaunchSetupError:
+        raise
+    except (LaunchError, ServerError, MeasurementError, OSError) as err:
+        why = profiler.failure_text(err)
+        profiler.recover()
+        return why
 
 
 def _measure_finalist(
@@ -291,13 +300,9 @@ def _measure_finalist(
         profiler.unload_variant()
     elif loaded.get(name) == profiler.outcome.worker_starts:
         profiler.session.mark_loaded(name)  # still loaded: no reload
-    try:
-        measurement = profiler.measure_point(result, trial, per_round)
-    except LaunchSetupError:
-        raise
-    except (LaunchError, ServerError, MeasurementError, OSError) as err:
-        comparison.dropped[name] = profiler.failure_text(err)
-        profiler.recover()
+    measurement = _attempt(profiler, result, trial, per_round)
+    if isinstance(measurement, str):
+        comparison.dropped[name] = measurement
         return None
     loaded[profiler.session.loaded_as] = profiler.outcome.worker_starts
     return measurement

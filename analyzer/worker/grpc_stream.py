@@ -45,13 +45,14 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
     done: asyncio.Queue[list[bytes] | None] = asyncio.Queue()
     in_flight: dict[int, Any] = {}  # number -> the queued InferRequest, to cancel at the end
     room = asyncio.Semaphore(service.limits.grpc_max_stream_pending)
-    state = {"reading": True, "pending": 0}
+    reading, pending = True, 0  # the reader is taking messages; requests not yet answered
 
     def finished(number: int, answer: list, outputs, error) -> None:  # on the loop
         in_flight.pop(number, None)
         done.put_nowait(_response(service, answer, outputs, error))
 
     async def read() -> None:
+        nonlocal reading, pending
         number = 0
         try:
             while True:
@@ -66,11 +67,11 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
                 def on_done(outputs, error, number=number, answer=answer) -> None:  # model's thread
                     loop.call_soon_threadsafe(finished, number, answer, outputs, error)
 
-                state["pending"] += 1
+                pending += 1
                 try:
                     model, fields, requested, request = service.submit_bytes(data, on_done)
                 except MalformedRequest as err:
-                    state["pending"] -= 1
+                    pending -= 1
                     inbox.fail(f"malformed ModelInferRequest in the stream: {err.detail}")
                     break
                 except Exception as err:  # this request's answer; the stream goes on
@@ -80,16 +81,16 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
                 answer += (model, fields, requested, request.id)
                 in_flight[number] = request
         finally:
-            state["reading"] = False
+            reading = False
             done.put_nowait(None)
 
     reader = asyncio.ensure_future(read())
     try:
-        while state["reading"] or state["pending"]:
+        while reading or pending:
             item = await done.get()
             if item is None:
                 continue
-            state["pending"] -= 1
+            pending -= 1
             yield item
             room.release()
     finally:
