@@ -24,6 +24,8 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "python": ("", "model.py"),
 }
 _PLATFORM_TO_BACKEND = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
+# `platform: "ensemble"`: steps on other models, no backend and no model file (worker/ensemble.py)
+ENSEMBLE = "ensemble"
 # parameters whose value is a path a backend may read (python backend's conda-pack environment)
 PATH_PARAMETERS = ("EXECUTION_ENV_PATH",)
 MODEL_DIR_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
@@ -137,12 +139,28 @@ def read_model(
 def resolve_backend(config: ModelConfig, path: Path, source: str) -> str:
     """Fill `backend`/`platform` the way Triton does and return our backend name."""
     backend = config.backend
+    if config.platform == ENSEMBLE:
+        if backend:
+            raise RepositoryError(
+                f"{source}: an ensemble (platform 'ensemble') has no backend, but field "
+                f"'backend' is '{backend}'"
+            )
+        if not config.HasField("ensemble_scheduling"):
+            raise RepositoryError(
+                f"{source}: platform is 'ensemble' but the config has no ensemble_scheduling"
+            )
+        return ENSEMBLE
+    if config.HasField("ensemble_scheduling"):
+        raise RepositoryError(
+            f"{source}: ensemble_scheduling needs platform: \"ensemble\" (it is "
+            f"'{config.platform or config.backend or 'unset'}')"
+        )
     if not backend and config.platform:
         backend = _PLATFORM_TO_BACKEND.get(config.platform, "")
         if not backend:
             raise RepositoryError(
                 f"{source}: field 'platform' is '{config.platform}'; supported platforms are "
-                f"{', '.join(sorted(_PLATFORM_TO_BACKEND))}"
+                f"{', '.join(sorted([*_PLATFORM_TO_BACKEND, ENSEMBLE]))}"
             )
     if not backend:
         backend = _guess_backend(path)

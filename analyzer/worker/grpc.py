@@ -167,7 +167,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request, context):
         await self._allow("model-repository", context)
         await self._name(request.model_name, context)
-        await self._repository_job(lambda: self.manager.unload(request.model_name), context)
+        param = request.parameters.get("unload_dependents")
+        dependents = param is not None and param.WhichOneof("parameter_choice") == "bool_param"
+        dependents = dependents and param.bool_param
+        await self._repository_job(
+            lambda: self.manager.unload(request.model_name, dependents), context
+        )
         return pb.RepositoryModelUnloadResponse()
 
     async def _repository_job(self, job, context) -> None:

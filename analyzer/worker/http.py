@@ -172,7 +172,11 @@ class RestApi:
                         raise InferError(f"load parameter '{key}' must be a base64 string")
                 job = lambda: self.manager.load(name, config, files or None)  # noqa: E731
             elif action == "unload":
-                job = lambda: self.manager.unload(name)  # noqa: E731
+                dependents = params.get("unload_dependents", False)
+                if not isinstance(dependents, bool):
+                    raise InferError(f"unload parameter 'unload_dependents' must be true or "
+                                     f"false, got {show_value(dependents)}")  # fmt: skip
+                job = lambda: self.manager.unload(name, dependents)  # noqa: E731
             else:
                 raise InferError(f"no route for POST {request.path}", Status.NOT_FOUND)
             future = self.loop.run_in_executor(None, job)

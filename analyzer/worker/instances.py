@@ -106,6 +106,7 @@ class InstanceRunner:
         failed = [r for r, res in zip(batch, results, strict=True) if isinstance(res, Exception)]
         self.stats.record_batch(ok, failed, timing)
         for request, result in zip(batch, results, strict=True):
+            request.timing = timing
             if isinstance(result, Exception):
                 self.deliver(request, None, result)
             else:

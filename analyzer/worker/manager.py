@@ -19,17 +19,20 @@ from pathlib import Path, PurePosixPath
 
 from analyzer.config.model_config import ConfigError, model_config_from_json
 from analyzer.repository.repository import (
+    ENSEMBLE,
     ModelSource,
     RepositoryError,
     list_models,
     read_model,
 )
 from analyzer.worker.backends.base import Backend
+from analyzer.worker.ensemble import EnsembleVersion, composing_models
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.model import ModelVersion
 from analyzer.worker.names import check_model_name
 
 log = logging.getLogger(__name__)
+Served = ModelVersion | EnsembleVersion  # what a loaded model version is, to the protocols
 
 CONTROL_MODES = ("none", "explicit")
 UPLOAD_FLAG = "--allow-model-file-uploads=true"
@@ -57,7 +60,7 @@ def make_backend(name: str) -> Backend:
 @dataclass
 class ModelEntry:
     name: str
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    versions: dict[int, Served] = field(default_factory=dict)
     state: str = ""  # "" = never loaded; READY, UNAVAILABLE, LOADING, UNLOADING
     reason: str = ""
     temp_dir: str | None = None
@@ -85,6 +88,7 @@ class ModelManager:
         self._closing = False
         self._models: dict[str, ModelEntry] = {}
         self._backends: dict[str, Backend] = {}
+        self._loading = threading.local()  # the names this thread is loading (ensemble chains)
 
     # -- startup / shutdown -------------------------------------------------------------------
     def startup(self, load_models: list[str]) -> list[str]:
@@ -96,6 +100,8 @@ class ModelManager:
             wanted = load_models
         errors = []
         for name in wanted:
+            if self.is_ready(name):
+                continue  # loaded already, as a composing model of an ensemble before it
             try:
                 self._load(name, None, None)
             except (InferError, RepositoryError, ConfigError, ValueError) as err:
@@ -124,10 +130,24 @@ class ModelManager:
         except (RepositoryError, ConfigError, ValueError) as err:
             raise InferError(f"failed to load '{name}': {err}") from None
 
-    def unload(self, name: str) -> None:
+    def unload(self, name: str, dependents: bool = False) -> None:
+        """`dependents`: an ensemble's composing models are unloaded too, after it (Triton's
+        `unload_dependents`)."""
         self._require_explicit()
         check_model_name(name)
+        composing = self._composing(name) if dependents else []
         self._unload(name)
+        for model in composing:
+            nested = self._composing(model)
+            self._unload(model, missing_ok=True)
+            composing.extend(m for m in nested if m not in composing)
+
+    def _composing(self, name: str) -> list[str]:
+        with self._lock:
+            entry = self._models.get(name)
+            versions = list(entry.versions.values()) if entry else []
+        return [m for v in versions if isinstance(v, EnsembleVersion)
+                for m in composing_models(v.config)]  # fmt: skip
 
     def _require_explicit(self) -> None:
         if self.control_mode != "explicit":
@@ -154,18 +174,23 @@ class ModelManager:
             if entry.versions:
                 for version in sorted(entry.versions):
                     rows.append(
-                        {"name": name, "version": str(version), "state": entry.state,
-                         "reason": entry.reason}
+                        {
+                            "name": name,
+                            "version": str(version),
+                            "state": entry.state,
+                            "reason": entry.reason,
+                        }
                     )
             elif not ready_only:
-                rows.append({"name": name, "version": "", "state": entry.state,
-                             "reason": entry.reason})
+                rows.append(
+                    {"name": name, "version": "", "state": entry.state, "reason": entry.reason}
+                )
         if ready_only:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
 
     # -- lookups on the request path ----------------------------------------------------------
-    def get(self, name: str, version: str = "") -> ModelVersion:
+    def get(self, name: str, version: str = "") -> Served:
         entry = self._models.get(name)
         if entry is None or not entry.versions:
             if entry is not None and entry.state == "UNAVAILABLE":
@@ -189,7 +214,7 @@ class ModelManager:
         entry = self._models.get(name)
         return sorted(entry.versions) if entry else []
 
-    def loaded(self) -> list[ModelVersion]:
+    def loaded(self) -> list[Served]:
         with self._lock:
             return [v for e in self._models.values() for v in e.versions.values()]
 
@@ -239,7 +264,7 @@ class ModelManager:
 
     def _build_entry(
         self, name: str, temp_dir: str | None, override
-    ) -> tuple[dict[int, ModelVersion], dict[int, ModelVersion]]:
+    ) -> tuple[dict[int, Served], dict[int, Served]]:
         """Build the new versions while the old ones (if any) keep serving; (new, old)."""
         repository = Path(temp_dir) if temp_dir else self.repository
         with self._lock:
@@ -263,29 +288,50 @@ class ModelManager:
                 backend = self._backends[name] = make_backend(name)
             return backend
 
-    def _build(self, repository: Path, name: str, override) -> dict[int, ModelVersion]:
+    def _build(self, repository: Path, name: str,
+               override) -> dict[int, Served]:  # fmt: skip
         source = read_model(repository, name, override)
+        if source.backend == ENSEMBLE:
+            return self._build_ensemble(source)
         backend = self._backend(source.backend)
         backend.auto_complete(source, source.versions[-1])
-        built: dict[int, ModelVersion] = {}
+        built: dict[int, Served] = {}
         try:
             for version in source.versions:
-                per_version = ModelSource(
-                    name=source.name,
-                    path=source.path,
-                    config=type(source.config)(),
-                    backend=source.backend,
-                    versions=source.versions,
-                    overridden=source.overridden,
-                )
-                per_version.config.CopyFrom(source.config)
-                model = ModelVersion(per_version, version, backend, self.max_instance_count)
+                model = ModelVersion(_one_version(source), version, backend,
+                                     self.max_instance_count)  # fmt: skip
                 model.load()
                 built[version] = model
         except BaseException:
             for model in built.values():
                 model.unload()
             raise
+        return built
+
+    def _build_ensemble(self, source: ModelSource) -> dict[int, Served]:
+        """An ensemble loads after its composing models, as Triton's does: those not loaded yet
+        are loaded first (an explicit load of an ensemble loads what it needs)."""
+        stack: list[str] = getattr(self._loading, "names", [])
+        self._loading.names = [*stack, source.name]
+        try:
+            for dependency in composing_models(source.config):
+                if dependency in self._loading.names:
+                    chain = " -> ".join([*self._loading.names, dependency])
+                    raise ValueError(f"ensembles call each other in a cycle: {chain}")
+                if not self.is_ready(dependency):
+                    try:
+                        self._load(dependency, None, None)
+                    except (InferError, RepositoryError, ConfigError, ValueError) as err:
+                        raise ValueError(f"ensemble '{source.name}' needs model "
+                                         f"'{dependency}', which failed to load: {err}"
+                                         ) from None  # fmt: skip
+        finally:
+            self._loading.names = stack
+        built: dict[int, Served] = {}
+        for version in source.versions:
+            ensemble = EnsembleVersion(_one_version(source), version, self)
+            ensemble.load()
+            built[version] = ensemble
         return built
 
     def _unload(self, name: str, missing_ok: bool = False) -> None:
@@ -309,6 +355,15 @@ class ModelManager:
                     temp, entry.temp_dir = entry.temp_dir, None
                 if temp:
                     shutil.rmtree(temp, ignore_errors=True)
+
+
+def _one_version(source: ModelSource) -> ModelSource:
+    """A copy of the source with its own config: each version's config is completed apart."""
+    copy = ModelSource(name=source.name, path=source.path, config=type(source.config)(),
+                       backend=source.backend, versions=source.versions,
+                       overridden=source.overridden)  # fmt: skip
+    copy.config.CopyFrom(source.config)
+    return copy
 
 
 def _write_files(name: str, files: dict) -> str:

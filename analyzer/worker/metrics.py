@@ -73,7 +73,7 @@ def _model_values(model: ModelVersion) -> list[int]:
         d["compute_input"]["ns"] // 1000,
         d["compute_infer"]["ns"] // 1000,
         d["compute_output"]["ns"] // 1000,
-        model.scheduler.pending,
+        model.pending,
     ]
 
 

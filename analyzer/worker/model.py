@@ -61,9 +61,9 @@ class ModelVersion:
 
     def load(self) -> None:
         """Create every instance; on failure, finalize what was created and re-raise."""
-        for field in ("sequence_batching", "ensemble_scheduling"):
-            if self.config.HasField(field):  # refuse rather than serve with wrong semantics
-                raise ValueError(f"model '{self.name}': {field} is not supported by this worker")
+        if self.config.HasField("sequence_batching"):  # refuse rather than serve it wrongly
+            raise ValueError(f"model '{self.name}': sequence_batching is not supported by this "
+                             "worker")  # fmt: skip
         specs = instance_specs(self.config, self.backend.gpu_capable(), self.max_instance_count)
         try:
             for spec in specs:
@@ -121,26 +121,36 @@ class ModelVersion:
                 log.warning("finalize of %s failed: %s", runner.spec.name, err)
         self.runners.clear()
 
+    @property
+    def pending(self) -> int:
+        """Requests waiting in the queue (Triton's pending request count)."""
+        return self.scheduler.pending
+
     def metadata(self, versions: list[int]) -> dict:
-        lead = [-1] if self.config.max_batch_size > 0 else []
+        return model_metadata(self.config, self.name, versions)
 
-        def tensors(items):
-            return [
-                {
-                    "name": t.name,
-                    "datatype": config_to_wire(model_config_pb2.DataType.Name(t.data_type)),
-                    "shape": lead + [int(d) for d in t.dims],
-                }
-                for t in items
-            ]
 
-        return {
-            "name": self.name,
-            "versions": [str(v) for v in versions],
-            "platform": self.config.platform or self.config.backend,
-            "inputs": tensors(self.config.input),
-            "outputs": tensors(self.config.output),
-        }
+def model_metadata(config: ModelConfig, name: str, versions: list[int]) -> dict:
+    """Triton's model metadata: with batching, each shape starts with -1."""
+    lead = [-1] if config.max_batch_size > 0 else []
+
+    def tensors(items):
+        return [
+            {
+                "name": t.name,
+                "datatype": config_to_wire(model_config_pb2.DataType.Name(t.data_type)),
+                "shape": lead + [int(d) for d in t.dims],
+            }
+            for t in items
+        ]
+
+    return {
+        "name": name,
+        "versions": [str(v) for v in versions],
+        "platform": config.platform or config.backend,
+        "inputs": tensors(config.input),
+        "outputs": tensors(config.output),
+    }
 
 
 def instance_specs(

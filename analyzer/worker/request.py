@@ -33,6 +33,8 @@ class InferRequest:
     flags: int = 0
     cancelled: bool = False  # the client went away: drop it instead of running it
     signature: tuple = ()  # batch_signature(), set once by a dynamic batcher's enqueue
+    # the execution that answered it, set by the instance runner (an ensemble sums its steps')
+    timing: BatchTiming | None = None
 
     def cancel(self) -> None:
         """Called from the protocol's loop when the client disconnects or cancels the call."""

@@ -83,6 +83,22 @@ class ModelStats:
                 stat.compute_output.add(timing.compute_output_ns)
             self.last_inference_ms = time.time_ns() // 1_000_000
 
+    def record_request(self, request: InferRequest, queue_ns: int, input_ns: int, infer_ns: int,
+                       output_ns: int) -> None:  # fmt: skip
+        """An ensemble's request, answered: one execution of its batch, its durations the sums
+        of its steps' (Triton's accounting for ensembles)."""
+        end = time.perf_counter_ns()
+        with self._lock:
+            d = self.durations
+            d["success"].add(end - request.arrival_ns)
+            d["queue"].add(queue_ns)
+            d["compute_input"].add(input_ns)
+            d["compute_infer"].add(infer_ns)
+            d["compute_output"].add(output_ns)
+            self.inference_count += request.batch_size
+            self.execution_count += 1
+            self.last_inference_ms = time.time_ns() // 1_000_000
+
     def record_failure(self, request: InferRequest) -> None:
         """A request that failed before execution (rejected, timed out, shut down)."""
         end = time.perf_counter_ns()

@@ -1,0 +1,342 @@
+"""Ensembles (issue 14): the seed's add_sub -> mul pipeline (blog post 004) served as Triton serves
+it, its graph checked at load, its steps scheduled by readiness, its statistics as perf_analyzer
+reads them."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from serving import EXAMPLES, ROOT, start_worker
+from tritonclient.utils import InferenceServerException
+
+from analyzer.config.model_config import parse_model_config
+from analyzer.worker.ensemble import check_graph
+from analyzer.worker.errors import InferError
+
+SEED = EXAMPLES.parent / "ensemble_repository"
+PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
+
+
+def _infer(module, url: str, model: str, a: np.ndarray, b: np.ndarray, outputs=("OUTPUT",)):
+    with module.InferenceServerClient(url) as client:
+        inputs = [module.InferInput(n, list(a.shape), "FP32") for n in ("INPUT0", "INPUT1")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        wanted = [module.InferRequestedOutput(n) for n in outputs]
+        return client.infer(model, inputs, outputs=wanted)
+
+
+@pytest.fixture(scope="module")
+def seed_worker():
+    served = start_worker(SEED)
+    yield served
+    assert served.stop() == 0, "".join(served.output)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_the_seed_ensemble_answers_add_sub_then_mul(seed_worker, module):
+    """The seed's own files, unchanged: repeated input/output blocks, no max_batch_size, and a
+    client that calls `ensemble` and reads OUTPUT = (a+b)*(a-b)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
+    url = seed_worker.http if module is httpclient else seed_worker.grpc
+    result = _infer(module, url, "ensemble", a, b)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT"), (a + b) * (a - b), rtol=1e-6)
+
+
+def test_the_ensemble_reports_itself_and_its_steps_as_triton_does(seed_worker):
+    client = httpclient.InferenceServerClient(seed_worker.http)
+    meta = client.get_model_metadata("ensemble")
+    assert meta["platform"] == "ensemble"
+    assert [i["name"] for i in meta["inputs"]] == ["INPUT0", "INPUT1"]
+    config = client.get_model_config("ensemble")
+    assert config["platform"] == "ensemble" and config["backend"] == ""
+    assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == ["add_sub", "mul"]
+    before = {s["name"]: s for s in client.get_inference_statistics()["model_stats"]}
+    ones = np.ones(4, np.float32)
+    for _ in range(3):
+        _infer(httpclient, seed_worker.http, "ensemble", ones, ones)
+    after = {s["name"]: s for s in client.get_inference_statistics()["model_stats"]}
+
+    def grew(name: str, key: str) -> int:
+        get = (lambda s: s["inference_stats"][key]["count"]) if key != "execution_count" else (
+            lambda s: s["execution_count"])  # fmt: skip
+        return get(after[name]) - get(before[name])
+
+    for name in ("ensemble", "add_sub", "mul"):
+        assert grew(name, "success") == 3 and grew(name, "queue") == 3
+        assert grew(name, "execution_count") == 3
+    # the ensemble's durations are its steps' sums: compute no less than either step's
+    spent = {n: after[n]["inference_stats"]["compute_infer"]["ns"]
+             - before[n]["inference_stats"]["compute_infer"]["ns"] for n in after}  # fmt: skip
+    assert spent["ensemble"] == spent["add_sub"] + spent["mul"]
+    client.close()
+
+
+def test_perf_analyzer_shows_the_composing_models(seed_worker, tmp_path: Path):
+    """perf_analyzer reads the ensemble's steps from its config, asks every model's statistics,
+    and prints each composing model's breakdown (it exits on statistics it cannot use)."""
+    assert PERF_ANALYZER.exists(), "the set-up (make test) installs perf_analyzer into .venv"
+    cmd = [str(PERF_ANALYZER), "-m", "ensemble", "-u", seed_worker.grpc, "-i", "grpc",
+           "--concurrency-range", "2", "-p", "500", "-s", "100", "-r", "30",
+           "-f", str(tmp_path / "pa.csv")]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Composing models:" in run.stdout, run.stdout
+    assert re.search(r"add_sub, version: 1\s+Inference count: [1-9]", run.stdout), run.stdout
+    assert re.search(r"mul, version: 1\s+Inference count: [1-9]", run.stdout), run.stdout
+
+
+# ---- a repository of ensembles built from the seed's models --------------------------------
+
+_STEP = """{{ model_name: "{model}" model_version: -1 {maps} }}"""
+
+
+def _ensemble(name: str, steps: list[tuple[str, dict, dict]], outputs=("OUTPUT",),
+              batch: int = 0) -> str:  # fmt: skip
+    body = []
+    for model, inputs, outs in steps:
+        pairs = [("input_map", k, v) for k, v in inputs.items()]
+        pairs += [("output_map", k, v) for k, v in outs.items()]
+        maps = " ".join(f'{kind} {{ key: "{k}" value: "{v}" }}' for kind, k, v in pairs)
+        body.append(_STEP.format(model=model, maps=maps))
+    tensors = ", ".join(f'{{ name: "{o}" data_type: TYPE_FP32 dims: [ 4 ] }}' for o in outputs)
+    return (
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {batch}\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f"output [ {tensors} ]\n"
+        f"ensemble_scheduling {{ step [ {', '.join(body)} ] }}\n"
+    )
+
+
+ADD_SUB = ("add_sub", {"add_sub_input0": "INPUT0", "add_sub_input1": "INPUT1"},
+           {"added_output": "added", "subbed_output": "subbed"})  # fmt: skip
+MUL = ("mul", {"mul_input0": "added", "mul_input1": "subbed"}, {"mul_output": "OUTPUT"})
+
+PICKY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "mul_input0").as_numpy()
+            if (x < 0).any():
+                out.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("picky refuses negative numbers")))
+            else:
+                out.append(pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor("mul_output", x)]))
+        return out
+"""
+
+
+def _batching(config: str, name: str) -> str:
+    return (config.replace(f'name: "{name}"', f'name: "{name}_b"')
+            .replace('backend: "python"', 'backend: "python"\nmax_batch_size: 8\n'
+                     "dynamic_batching { max_queue_delay_microseconds: 2000 }"))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ensembles_worker(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("ensembles")
+    for model in ("add_sub", "mul"):
+        shutil.copytree(SEED / model, repo / model)
+        shutil.copytree(SEED / model, repo / f"{model}_b")
+        config = (SEED / model / "config.pbtxt").read_text()
+        (repo / f"{model}_b" / "config.pbtxt").write_text(_batching(config, model))
+    (repo / "picky" / "1").mkdir(parents=True)
+    (repo / "picky" / "1" / "model.py").write_text(PICKY)
+    (repo / "picky" / "config.pbtxt").write_text(
+        (SEED / "mul" / "config.pbtxt").read_text().replace('name: "mul"', 'name: "picky"')
+    )
+    ensembles = {
+        # listed mul first: a step runs when its inputs exist, not in list order
+        "reversed": _ensemble("reversed", [MUL, ADD_SUB]),
+        # two steps that need only the ensemble's inputs, and one that joins them
+        "diamond": _ensemble("diamond", [
+            ("mul", {"mul_input0": "INPUT0", "mul_input1": "INPUT1"}, {"mul_output": "PROD"}),
+            ADD_SUB, MUL], outputs=("OUTPUT", "PROD")),
+        "picky_pipe": _ensemble("picky_pipe", [
+            ADD_SUB, ("picky", {"mul_input0": "subbed", "mul_input1": "added"},
+                      {"mul_output": "OUTPUT"})]),
+        "batched": _ensemble("batched", [
+            ("add_sub_b", *ADD_SUB[1:]), ("mul_b", *MUL[1:])], batch=8),
+        "too_big": _ensemble("too_big", [ADD_SUB, MUL], batch=8),
+        "loop_a": _ensemble("loop_a", [("loop_b", {"INPUT0": "INPUT0", "INPUT1": "INPUT1"},
+                                        {"OUTPUT": "OUTPUT"})]),
+        "loop_b": _ensemble("loop_b", [("loop_a", {"INPUT0": "INPUT0", "INPUT1": "INPUT1"},
+                                        {"OUTPUT": "OUTPUT"})]),
+    }  # fmt: skip
+    for name, text in ensembles.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(text)
+    served = start_worker(repo, "--model-control-mode", "explicit")
+    yield served
+    assert served.stop() == 0, "".join(served.output)
+
+
+def _states(client) -> dict[str, str]:
+    return {row["name"]: row.get("state", "") for row in client.get_model_repository_index()}
+
+
+def test_an_explicit_load_of_an_ensemble_loads_its_composing_models_first(ensembles_worker):
+    client = httpclient.InferenceServerClient(ensembles_worker.http)
+    assert _states(client)["add_sub"] == ""
+    client.load_model("reversed")
+    states = _states(client)
+    assert states["reversed"] == states["add_sub"] == states["mul"] == "READY"
+    a = np.arange(4, dtype=np.float32)
+    b = np.full(4, 0.5, np.float32)
+    got = _infer(httpclient, ensembles_worker.http, "reversed", a, b).as_numpy("OUTPUT")
+    np.testing.assert_allclose(got, (a + b) * (a - b))
+    client.close()
+
+
+def test_independent_steps_and_a_join(ensembles_worker):
+    client = httpclient.InferenceServerClient(ensembles_worker.http)
+    client.load_model("diamond")
+    a, b = np.arange(4, dtype=np.float32), np.full(4, 2.0, np.float32)
+    result = _infer(grpcclient, ensembles_worker.grpc, "diamond", a, b, ("OUTPUT", "PROD"))
+    np.testing.assert_allclose(result.as_numpy("OUTPUT"), (a + b) * (a - b))
+    np.testing.assert_allclose(result.as_numpy("PROD"), a * b)
+    only = _infer(httpclient, ensembles_worker.http, "diamond", a, b, ("PROD",))
+    assert only.as_numpy("OUTPUT") is None  # only what was asked for comes back
+    client.close()
+
+
+def test_a_failing_step_fails_the_request_with_that_models_message(ensembles_worker):
+    client = httpclient.InferenceServerClient(ensembles_worker.http)
+    client.load_model("picky_pipe")
+    a, b = np.full(4, 3.0, np.float32), np.full(4, 1.0, np.float32)
+    ok = _infer(httpclient, ensembles_worker.http, "picky_pipe", a, b).as_numpy("OUTPUT")
+    np.testing.assert_allclose(ok, a - b)
+    for module, url in ((httpclient, ensembles_worker.http), (grpcclient, ensembles_worker.grpc)):
+        with pytest.raises(InferenceServerException, match="picky refuses negative numbers"):
+            _infer(module, url, "picky_pipe", b, a)  # a - b < 0
+    stats = client.get_inference_statistics("picky_pipe")["model_stats"][0]["inference_stats"]
+    assert stats["fail"]["count"] == 2 and stats["success"]["count"] == 1
+    client.close()
+
+
+def test_a_batching_ensemble_hands_its_batch_to_batching_models(ensembles_worker):
+    client = httpclient.InferenceServerClient(ensembles_worker.http)
+    client.load_model("batched")
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.ones((3, 4), np.float32)
+    got = _infer(grpcclient, ensembles_worker.grpc, "batched", a, b).as_numpy("OUTPUT")
+    np.testing.assert_allclose(got, (a + b) * (a - b))
+    stats = {s["name"]: s for s in client.get_inference_statistics()["model_stats"]}
+    assert stats["batched"]["inference_count"] == 3 and stats["mul_b"]["inference_count"] == 3
+    with pytest.raises(InferenceServerException, match="max_batch_size is 8 but model 'add_sub'"):
+        client.load_model("too_big")
+    client.close()
+
+
+def test_ensembles_that_call_each_other_are_refused(ensembles_worker):
+    client = httpclient.InferenceServerClient(ensembles_worker.http)
+    cycle = "call each other in a cycle: loop_a -> loop_b -> loop_a"
+    with pytest.raises(InferenceServerException, match=cycle):
+        client.load_model("loop_a")
+    assert _states(client)["loop_a"] == "UNAVAILABLE"
+    client.close()
+
+
+def test_a_reloaded_composing_model_serves_the_ensembles_next_request(ensembles_worker):
+    """A profile loads variants of a composing model under its own name: the ensemble picks the
+    new one up without being reloaded."""
+    client = httpclient.InferenceServerClient(ensembles_worker.http)
+    client.load_model("reversed")
+    config = client.get_model_config("mul")
+    config["instance_group"] = [{"kind": "KIND_CPU", "count": 2}]
+    client.load_model("mul", config=json.dumps(config))
+    a, b = np.full(4, 5.0, np.float32), np.full(4, 2.0, np.float32)
+    got = _infer(httpclient, ensembles_worker.http, "reversed", a, b).as_numpy("OUTPUT")
+    np.testing.assert_allclose(got, (a + b) * (a - b))
+    client.unload_model("mul")
+    with pytest.raises(InferenceServerException, match="'mul'"):
+        _infer(httpclient, ensembles_worker.http, "reversed", a, b)
+    client.load_model("mul")
+    client.close()
+
+
+# ---- the graph checks, with Triton's rules, one sentence each -------------------------------
+
+
+def _fake(text: str):
+    config = parse_model_config(text)
+    return SimpleNamespace(name=config.name, config=config)
+
+
+_MODELS = {
+    "add_sub": _fake((SEED / "add_sub" / "config.pbtxt").read_text()),
+    "mul": _fake((SEED / "mul" / "config.pbtxt").read_text()),
+    "half": _fake('name: "half" backend: "python" input [ { name: "mul_input0" data_type: '
+                  "TYPE_FP16 dims: [ 4 ] } ] output [ { name: \"mul_output\" data_type: "
+                  "TYPE_FP16 dims: [ 4 ] } ]"),
+}  # fmt: skip
+
+
+class _Manager:
+    def get(self, name: str, version: str = ""):
+        if name not in _MODELS:
+            raise InferError(f"Request for unknown model: '{name}' is not found")
+        return _MODELS[name]
+
+
+@pytest.mark.parametrize(
+    ("steps", "outputs", "message"),
+    [
+        ([ADD_SUB, MUL], ("OUTPUT",), None),
+        ([ADD_SUB, ("mul", {"mul_in": "added", "mul_input1": "subbed"}, MUL[2])], ("OUTPUT",),
+         "step 2: input_map key 'mul_in' is not an input of model 'mul'"),
+        ([ADD_SUB, ("mul", {"mul_input0": "added"}, MUL[2])], ("OUTPUT",),
+         "step 2: input_map gives no tensor for input(s) mul_input1 of model 'mul'"),
+        ([ADD_SUB, ("mul", {"mul_input0": "added", "mul_input1": "nowhere"}, MUL[2])],
+         ("OUTPUT",), "input_map value 'nowhere' is neither an ensemble input nor"),
+        ([ADD_SUB, ("mul", MUL[1], {"mul_out": "OUTPUT"})], ("OUTPUT",),
+         "output_map key 'mul_out' is not an output of model 'mul'"),
+        ([ADD_SUB, ("mul", MUL[1], {"mul_output": "added"})], ("OUTPUT",),
+         "tensor 'added' is already produced by step 1 ('add_sub')"),
+        ([ADD_SUB, MUL], ("OUTPUT", "OTHER"), "output 'OTHER' is not produced by any step"),
+        ([("mul", {"mul_input0": "OUTPUT", "mul_input1": "INPUT0"}, {"mul_output": "X"}),
+          ("mul", {"mul_input0": "X", "mul_input1": "INPUT1"}, {"mul_output": "OUTPUT"})],
+         ("OUTPUT",), "can never run: their inputs depend on each other in a cycle"),
+        ([ADD_SUB, ("gone", MUL[1], MUL[2])], ("OUTPUT",),
+         "step 2: composing model 'gone' is not available"),
+        ([ADD_SUB, ("half", {"mul_input0": "added"}, {"mul_output": "OUTPUT"})], ("OUTPUT",),
+         "tensor 'added' is FP32 but input 'mul_input0' of model 'half' is FP16"),
+    ],
+)  # fmt: skip
+def test_the_graph_is_checked_at_load(steps, outputs, message):
+    config = parse_model_config(_ensemble("pipe", steps, outputs))
+    if message is None:
+        assert [s.model for s in check_graph(config, _Manager())] == ["add_sub", "mul"]
+        return
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_graph(config, _Manager())
+
+
+def test_unload_dependents_unloads_the_composing_models_too(ensembles_worker):
+    client = httpclient.InferenceServerClient(ensembles_worker.http)
+    client.load_model("reversed")
+    with grpcclient.InferenceServerClient(ensembles_worker.grpc) as rpc:
+        rpc.unload_model("reversed", unload_dependents=True)
+    states = _states(client)
+    assert states["reversed"] == states["add_sub"] == states["mul"] == "UNAVAILABLE"
+    client.load_model("diamond")  # loads them again
+    client.unload_model("diamond")  # without dependents: they stay
+    states = _states(client)
+    assert states["diamond"] == "UNAVAILABLE" and states["add_sub"] == states["mul"] == "READY"
+    client.close()
