@@ -42,14 +42,16 @@ def seed_worker():
     assert served.stop() == 0, "".join(served.output)
 
 
+@pytest.mark.parametrize("model", ["ensemble", "bls"])
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
-def test_the_seed_ensemble_answers_add_sub_then_mul(seed_worker, module):
+def test_the_seed_pipeline_answers_add_sub_then_mul(seed_worker, module, model):
     """The seed's own files, unchanged: repeated input/output blocks, no max_batch_size, and a
-    client that calls `ensemble` and reads OUTPUT = (a+b)*(a-b)."""
+    client that calls `ensemble` and reads OUTPUT = (a+b)*(a-b); a BLS model that calls the
+    same two models answers the same."""
     rng = np.random.default_rng(0)
     a, b = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
     url = seed_worker.http if module is httpclient else seed_worker.grpc
-    result = _infer(module, url, "ensemble", a, b)
+    result = _infer(module, url, model, a, b)
     np.testing.assert_allclose(result.as_numpy("OUTPUT"), (a + b) * (a - b), rtol=1e-6)
 
 
@@ -82,13 +84,17 @@ def test_the_ensemble_reports_itself_and_its_steps_as_triton_does(seed_worker):
     client.close()
 
 
-def test_perf_analyzer_shows_the_composing_models(seed_worker, tmp_path: Path):
-    """perf_analyzer reads the ensemble's steps from its config, asks every model's statistics,
-    and prints each composing model's breakdown (it exits on statistics it cannot use)."""
+@pytest.mark.parametrize("model", ["ensemble", "bls"])
+def test_perf_analyzer_shows_the_composing_models(seed_worker, tmp_path: Path, model):
+    """perf_analyzer reads the ensemble's steps from its config (a BLS model's from
+    --bls-composing-models), asks every model's statistics, and prints each composing model's
+    breakdown (it exits on statistics it cannot use)."""
     assert PERF_ANALYZER.exists(), "the set-up (make test) installs perf_analyzer into .venv"
-    cmd = [str(PERF_ANALYZER), "-m", "ensemble", "-u", seed_worker.grpc, "-i", "grpc",
+    cmd = [str(PERF_ANALYZER), "-m", model, "-u", seed_worker.grpc, "-i", "grpc",
            "--concurrency-range", "2", "-p", "500", "-s", "100", "-r", "30",
            "-f", str(tmp_path / "pa.csv")]  # fmt: skip
+    if model == "bls":
+        cmd += ["--bls-composing-models", "add_sub,mul"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Composing models:" in run.stdout, run.stdout
@@ -142,6 +148,60 @@ class TritonPythonModel:
 """
 
 
+PROBE = '''
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def call(model, tensors, outputs, **kw):
+    return pb_utils.InferenceRequest(
+        model_name=model, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
+        requested_output_names=outputs, **kw)
+
+
+def value(response, name):
+    return pb_utils.get_output_tensor_by_name(response, name).as_numpy().tolist()
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        out = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            added, product = await asyncio.gather(
+                call("add_sub", {"add_sub_input0": a, "add_sub_input1": b},
+                     ["added_output"]).async_exec(),
+                call("mul", {"mul_input0": a, "mul_input1": b}, ["mul_output"]).async_exec())
+            missing = call("no_such_model", {"x": a}, ["y"]).exec()
+            wrong = call("mul", {"mul_input0": a}, ["mul_output"]).exec()
+            big = np.arange(200_000, dtype=np.float32)
+            echo = call("identity", {"IN": big}, ["OUT"]).exec()
+            report = {
+                "added": value(added, "added_output"), "product": value(product, "mul_output"),
+                "missing": missing.error().message() if missing.has_error() else None,
+                "wrong": wrong.error().message() if wrong.has_error() else None,
+                "echo": bool(np.array_equal(value(echo, "OUT"), big)),
+            }
+            text = np.array([json.dumps(report).encode()], dtype=np.object_)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("REPORT", text)]))
+        return out
+'''
+
+IDENTITY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
+
 def _batching(config: str, name: str) -> str:
     return (config.replace(f'name: "{name}"', f'name: "{name}_b"')
             .replace('backend: "python"', 'backend: "python"\nmax_batch_size: 8\n'
@@ -161,6 +221,16 @@ def ensembles_worker(tmp_path_factory):
     (repo / "picky" / "config.pbtxt").write_text(
         (SEED / "mul" / "config.pbtxt").read_text().replace('name: "mul"', 'name: "picky"')
     )
+    for name, code, config in (
+        ("probe", PROBE, 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
+         ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+         ' output [ { name: "REPORT" data_type: TYPE_STRING dims: [ 1 ] } ]'),
+        ("identity", IDENTITY, 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]'
+         ' output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]'),
+    ):  # fmt: skip
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(code)
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}" backend: "python" {config}')
     ensembles = {
         # listed mul first: a step runs when its inputs exist, not in list order
         "reversed": _ensemble("reversed", [MUL, ADD_SUB]),
@@ -339,4 +409,26 @@ def test_unload_dependents_unloads_the_composing_models_too(ensembles_worker):
     client.unload_model("diamond")  # without dependents: they stay
     states = _states(client)
     assert states["diamond"] == "UNAVAILABLE" and states["add_sub"] == states["mul"] == "READY"
+    client.close()
+
+
+def test_bls_calls_run_on_the_named_models_with_errors_as_responses(ensembles_worker):
+    """async_exec() calls gathered, exec() to a model that does not exist and with an input
+    missing (each an error response, not an exception), and a 800 KB tensor there and back."""
+    client = httpclient.InferenceServerClient(ensembles_worker.http)
+    for model in ("add_sub", "mul", "identity", "probe"):
+        client.load_model(model)
+    before = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_count"]
+    a, b = np.arange(4, dtype=np.float32), np.full(4, 3.0, np.float32)
+    with httpclient.InferenceServerClient(ensembles_worker.http) as c:
+        inputs = [httpclient.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        report = json.loads(c.infer("probe", inputs).as_numpy("REPORT")[0])
+    assert report["added"] == (a + b).tolist() and report["product"] == (a * b).tolist()
+    assert "no_such_model" in report["missing"]
+    assert "expected input 'mul_input1' for model 'mul'" in report["wrong"]
+    assert report["echo"] is True
+    after = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_count"]
+    assert after == before + 1  # the BLS call went through add_sub's own scheduling
     client.close()

@@ -152,7 +152,7 @@ class _Run:
                     answer = (None, _step_error(step, error))
             if answer is None and self.request.cancelled:
                 self.done = True
-                answer = (None, InferError("request was cancelled", Status.CANCELLED))
+                answer = (None, InferError("request was cancelled", Status.UNAVAILABLE))
             if answer is None:
                 ready = [s for s in self.waiting if s.needs <= self.tensors.keys()]
                 for step in ready:

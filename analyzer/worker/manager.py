@@ -40,7 +40,7 @@ UPLOAD_FLAG = "--allow-model-file-uploads=true"
 _CLEAN_ERRORS = (RepositoryError, ConfigError, ValueError, InferError)
 
 
-def make_backend(name: str) -> Backend:
+def make_backend(name: str, models=None) -> Backend:
     """Import backends lazily: a python-only repository never imports torch or onnxruntime."""
     if name == "pytorch":
         from analyzer.worker.backends.torchscript import TorchScriptBackend
@@ -53,7 +53,7 @@ def make_backend(name: str) -> Backend:
     if name == "python":
         from analyzer.worker.backends.python import PythonBackend
 
-        return PythonBackend()
+        return PythonBackend(models)  # BLS requests find their models here
     raise RepositoryError(f"backend '{name}' is not supported")
 
 
@@ -285,7 +285,7 @@ class ModelManager:
         with self._backends_lock:
             backend = self._backends.get(name)
             if backend is None:
-                backend = self._backends[name] = make_backend(name)
+                backend = self._backends[name] = make_backend(name, self)
             return backend
 
     def _build(self, repository: Path, name: str,

@@ -16,8 +16,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from typing import Any, Protocol
 
 from analyzer.config.model_config import (
     ConfigError,
@@ -30,9 +32,12 @@ from analyzer.worker.backends.base import Backend, BackendInstance, InstanceSpec
 from analyzer.worker.backends.python_stub import (
     ShmArena,
     ShmSpaceError,
+    discard_fd,
+    pack_tensors,
     read_tensor,
     recv_fd,
     send_fd,
+    unpack_tensors,
     write_tensors,
 )
 from analyzer.worker.errors import InferError, Status
@@ -109,7 +114,12 @@ class StubProcess:
             child.close()
         self.sock = parent  # for arena fds; the Connection below shares the channel
         self.conn = Connection(os.dup(parent.fileno()))
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one call at a time
+        # a message and the fd after it go out together: BLS replies are sent from the threads
+        # that finish them, while the call that asked waits in recv
+        self.send_lock = threading.Lock()
+        # what answers the model's BLS requests during a call (None: the model may send none)
+        self.on_bls: Callable[[dict], None] | None = None
         with _live_lock:
             _live.add(self)
 
@@ -121,15 +131,20 @@ class StubProcess:
     def _call(self, message: dict, timeout: float | None, fd: int | None) -> dict:
         try:
             message["fd"] = fd is not None
-            self.conn.send(message)
-            send_fd(self.sock, fd)
+            with self.send_lock:
+                self.conn.send(message)
+                send_fd(self.sock, fd)
             fd = None
-            if timeout is not None and not self.conn.poll(timeout):
-                raise InferError(f"{self.label} did not answer within {timeout:.0f} s",
-                                 Status.INTERNAL)  # fmt: skip
-            reply = self.conn.recv()
-            if reply.get("fd"):
-                reply["fd"] = recv_fd(self.sock)
+            while True:
+                if timeout is not None and not self.conn.poll(timeout):
+                    raise InferError(f"{self.label} did not answer within {timeout:.0f} s",
+                                     Status.INTERNAL)  # fmt: skip
+                reply = self.conn.recv()
+                if reply.get("fd"):
+                    reply["fd"] = recv_fd(self.sock)
+                if reply.get("op") != "bls":
+                    break
+                self._bls(reply)  # the model's BLS request; the call goes on
         except (EOFError, OSError):
             code = self.process.poll()
             raise InferError(
@@ -143,6 +158,38 @@ class StubProcess:
             status = Status.UNAVAILABLE if reply.get("no_space") else Status.INTERNAL
             raise InferError(f"{self.label}: {reply['error']}", status)
         return reply
+
+    def _bls(self, message: dict) -> None:
+        if self.on_bls is None:
+            discard_fd(message)
+            self.reply_bls(message["id"], None, InferError(
+                "BLS requests can be sent only from execute()", Status.UNSUPPORTED))  # fmt: skip
+            return
+        self.on_bls(message)
+
+    def reply_bls(self, number: int, outputs: dict | None, error: Exception | None) -> None:
+        """Answer BLS request `number` (from any thread); a stub that is gone is not an error."""
+        if error is None and outputs is not None:
+            try:
+                fields, fd = pack_tensors(list(outputs.items()))
+            except (ShmSpaceError, OSError, ValueError) as err:
+                fields, fd, error = {}, None, InferError(f"BLS outputs cannot be sent: {err}")
+        else:
+            fields, fd = {}, None
+        message = {"op": "bls_reply", "id": number, "fd": fd is not None, **fields}
+        if error is not None:
+            message["error"] = str(error)
+            message["code"] = _TRITON_CODES.get(getattr(error, "status", None), 1)
+        try:
+            with self.send_lock:
+                self.conn.send(message)
+                send_fd(self.sock, fd)
+                fd = None
+        except OSError:
+            pass
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def stop(self) -> None:
         """Finalize the model if the child answers in time, else kill it; never blocks for long.
@@ -177,8 +224,22 @@ class StubProcess:
                 self.lock.release()
 
 
+# TritonError's codes for the worker's statuses (INTERNAL otherwise)
+_TRITON_CODES = {Status.NOT_FOUND: 2, Status.INVALID_ARG: 3, Status.UNAVAILABLE: 4,
+                 Status.UNSUPPORTED: 5, Status.ALREADY_EXISTS: 6}  # fmt: skip
+
+
+class Models(Protocol):
+    """Where a BLS request finds its model: the worker's model manager."""
+
+    def get(self, name: str, version: str = "") -> Any: ...
+
+
 class PythonBackend(Backend):
     name = "python"
+
+    def __init__(self, models: Models | None = None) -> None:
+        self.models = models
 
     def auto_complete(self, source: ModelSource, version: int) -> None:
         config = source.config
@@ -221,13 +282,18 @@ class PythonBackend(Backend):
     def create_instance(
         self, source: ModelSource, version: int, spec: InstanceSpec
     ) -> BackendInstance:
-        return PythonInstance(source, version, spec)
+        return PythonInstance(source, version, spec, self.models)
 
 
 class PythonInstance(BackendInstance):
-    def __init__(self, source: ModelSource, version: int, spec: InstanceSpec):
+    def __init__(self, source: ModelSource, version: int, spec: InstanceSpec,
+                 models: Models | None = None):  # fmt: skip
         self.name = f"python model '{source.name}' instance {spec.name}"
+        self.model_name = source.name
         self.stub = StubProcess(self.name)
+        self.models = models
+        if models is not None:
+            self.stub.on_bls = self._bls
         self.inputs = ShmArena()
         self.outputs = ShmArena()
         args = {
@@ -296,6 +362,40 @@ class PythonInstance(BackendInstance):
         timing.compute_infer_ns = t2 - t1
         timing.compute_output_ns = t3 - t2
         return results
+
+    def _bls(self, message: dict) -> None:
+        """A BLS request of this model: an ordinary request to the named model (its batcher,
+        instances and statistics), answered to the stub when it finishes, on whichever thread
+        finishes it. Runs on this instance's runner thread, which waits for execute()."""
+        number = message["id"]
+        try:
+            try:
+                inputs = unpack_tensors(message)
+            except (OSError, ValueError) as err:
+                raise InferError(f"the BLS request's tensors cannot be read: {err}") from None
+            name = message["model"]
+            if not isinstance(name, str) or not name:
+                raise InferError("a BLS request needs model_name")
+            version = message["version"]
+            assert self.models is not None
+            model = self.models.get(name, "" if version < 0 else str(version))
+            parameters = message["parameters"]
+            now = time.perf_counter_ns()
+            request = InferRequest(
+                model_name=name, inputs=inputs,
+                wire_types={t[0]: t[1] for t in message["tensors"]},
+                requested_outputs=list(message["requested"]) or None,
+                on_done=lambda outputs, error: self.stub.reply_bls(number, outputs, error),
+                id=str(message["request_id"]),
+                parameters=json.loads(parameters) if isinstance(parameters, str) else {},
+                timeout_us=int(message["timeout"]), arrival_ns=now, queue_start_ns=now,
+                correlation_id=message["correlation_id"], flags=int(message["flags"]),
+            )  # fmt: skip
+            model.submit(request)
+        except InferError as err:
+            self.stub.reply_bls(number, None, err)
+        except Exception as err:  # a malformed request must not stop the call that sent it
+            self.stub.reply_bls(number, None, InferError(f"{type(err).__name__}: {err}"))
 
     def finalize(self) -> None:
         self.stub.stop()

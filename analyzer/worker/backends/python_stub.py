@@ -11,15 +11,18 @@ The GIL of this process is the model's alone; the process dies with the worker.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import errno
 import importlib.util
+import inspect
 import json
 import mmap
 import os
 import signal
 import socket
 import sys
+import time
 import traceback
 import uuid
 from multiprocessing.connection import Connection
@@ -196,6 +199,67 @@ def _align(n: int) -> int:
     return (n + 63) & ~63
 
 
+# BLS: a request's (or a reply's) tensors travel inside the control message when they are
+# this small, else in a shared-memory file of their own, sent as an fd and mapped by the peer
+# (one file per message: replies to several async_exec() calls may be in flight at once).
+BLS_INLINE_BYTES = 64 << 10
+
+
+def pack_tensors(arrays: list[tuple[str, np.ndarray]]) -> tuple[dict, int | None]:
+    """Message fields holding `arrays` ('tensors' layout, and 'inline' bytes or an fd to send)."""
+    blobs = []
+    for name, array in arrays:
+        wire = numpy_to_wire(array.dtype)
+        data = (serialize_bytes_tensor(array) if wire == "BYTES"
+                else np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # fmt: skip
+        blobs.append((name, wire, tuple(array.shape), data))
+    total = sum(_align(len(b[3])) for b in blobs)
+    layout, offset = [], 0
+    for name, wire, shape, data in blobs:
+        layout.append((name, wire, shape, offset, len(data)))
+        offset += _align(len(data))
+    if total <= BLS_INLINE_BYTES:
+        buffer = bytearray(total)
+        for (_, _, _, start, size), (_, _, _, data) in zip(layout, blobs, strict=True):
+            buffer[start : start + size] = data if isinstance(data, bytes) else data.tobytes()
+        return {"tensors": layout, "inline": bytes(buffer), "size": total}, None
+    fd = reserve(total)
+    try:
+        with mmap.mmap(fd, total) as mapping:
+            for (_, _, _, start, size), (_, _, _, data) in zip(layout, blobs, strict=True):
+                mapping[start : start + size] = data if isinstance(data, bytes) else data.tobytes()
+    except BaseException:
+        os.close(fd)
+        raise
+    return {"tensors": layout, "inline": None, "size": total}, fd
+
+
+def unpack_tensors(message: dict) -> dict[str, np.ndarray]:
+    """The arrays of a message made by `pack_tensors` (its fd, if any, already received and
+    closed here): writable views of the inline bytes or of the mapped file, no copy."""
+    fd = message.get("fd")
+    if message.get("inline") is not None:
+        buffer: bytearray | mmap.mmap = bytearray(message["inline"])
+    elif isinstance(fd, int) and not isinstance(fd, bool):
+        try:
+            buffer = mmap.mmap(fd, message["size"])
+        finally:
+            os.close(fd)
+    else:
+        return {}
+    out = {}
+    view = memoryview(buffer)
+    for name, wire, shape, offset, size in message["tensors"]:
+        out[name] = tensor_from_bytes(view[offset : offset + size], wire, tuple(shape))
+    return out
+
+
+def discard_fd(message: dict) -> None:
+    fd = message.get("fd")
+    if isinstance(fd, int) and not isinstance(fd, bool):
+        os.close(fd)
+
+
 def load_model_class(model_file: str):
     spec = importlib.util.spec_from_file_location("model", model_file)
     if spec is None or spec.loader is None:
@@ -208,6 +272,117 @@ def load_model_class(model_file: str):
     return module.TritonPythonModel
 
 
+class BlsClient:
+    """A model's BLS calls (`InferenceRequest.exec()` / `async_exec()`), sent to the worker over
+    the stub's channel during execute(); the worker runs each on the named model's own scheduler
+    and answers with a `bls_reply` carrying the same id. Replies may come in any order."""
+
+    def __init__(self, conn: Connection, sock: socket.socket):
+        self.conn = conn
+        self.sock = sock
+        self.next_id = 0
+        self.replies: dict[int, dict] = {}  # arrived, not yet taken
+        self.futures: dict[int, asyncio.Future] = {}  # async_exec() calls waiting
+        self.abandoned: set[int] = set()  # timed out: their late replies are dropped
+        self.loop: asyncio.AbstractEventLoop | None = None  # watching the channel, when async
+
+    def send(self, request) -> int:
+        self.next_id += 1
+        number = self.next_id
+        fields, fd = pack_tensors([(t.name(), t.as_numpy()) for t in request.inputs()])
+        self.conn.send({
+            "op": "bls", "id": number, "model": request._model_name,
+            "version": request._model_version, "requested": request._requested,
+            "request_id": request._id, "correlation_id": request._correlation_id,
+            "flags": request._flags, "timeout": request._timeout,
+            "parameters": request._parameters, "fd": fd is not None, **fields,
+        })  # fmt: skip
+        send_fd(self.sock, fd)
+        return number
+
+    def call(self, request) -> pb_utils.InferenceResponse:
+        """exec(): send, then read the channel until this call's reply (others are kept)."""
+        number = self.send(request)
+        timeout = request._timeout / 1e6 if request._timeout > 0 else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while number not in self.replies:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if left is not None and not self.conn.poll(left):
+                self.abandoned.add(number)
+                return _timed_out(request)
+            self.read_one()
+        return _response(self.replies.pop(number))
+
+    async def call_async(self, request) -> pb_utils.InferenceResponse:
+        """async_exec(): send, then wait on a future the channel's reader resolves."""
+        loop = asyncio.get_running_loop()
+        number = self.send(request)
+        future = loop.create_future()
+        self.futures[number] = future
+        if self.loop is not loop:
+            loop.add_reader(self.conn.fileno(), self._readable)
+            self.loop = loop
+        timeout = request._timeout / 1e6 if request._timeout > 0 else None
+        try:
+            reply = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            self.futures.pop(number, None)
+            self.abandoned.add(number)
+            return _timed_out(request)
+        return _response(reply)
+
+    def _readable(self) -> None:
+        while self.conn.poll(0):
+            self.read_one()
+
+    def read_one(self) -> None:
+        message = self.conn.recv()
+        if message.get("fd"):
+            message["fd"] = recv_fd(self.sock)
+        self.take(message)
+
+    def take(self, message: dict) -> None:
+        """A reply, stored for its caller or handed to its future; any other message here is
+        the worker breaking the protocol."""
+        if message.get("op") != "bls_reply":
+            discard_fd(message)
+            raise RuntimeError(f"unexpected message '{message.get('op')}' during execute()")
+        number = message["id"]
+        try:
+            message["arrays"] = unpack_tensors(message)
+        except (OSError, ValueError) as err:
+            message["error"] = f"the BLS reply's tensors cannot be read: {err}"
+        if number in self.abandoned:
+            self.abandoned.discard(number)
+            return
+        future = self.futures.pop(number, None)
+        if future is not None and not future.done():
+            future.set_result(message)
+        else:
+            self.replies[number] = message
+
+    def stop_watching(self) -> None:
+        if self.loop is not None:
+            self.loop.remove_reader(self.conn.fileno())
+            self.loop = None
+
+
+def _response(reply: dict) -> pb_utils.InferenceResponse:
+    if reply.get("error") is not None:
+        return _error_response(reply["error"], reply.get("code", pb_utils.TritonError.INTERNAL))
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(n, a) for n, a in reply["arrays"].items()])
+
+
+def _timed_out(request) -> pb_utils.InferenceResponse:
+    text = f"BLS request to model '{request._model_name}' timed out after {request._timeout} us"
+    return _error_response(text, pb_utils.TritonError.UNAVAILABLE)
+
+
+def _error_response(message: str, code: int) -> pb_utils.InferenceResponse:
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
 class Stub:
     def __init__(self, conn: Connection, sock: socket.socket):
         self.conn = conn
@@ -215,6 +390,9 @@ class Stub:
         self.model = None
         self.inputs = ShmArena()  # written by the worker, mapped here from the fd it sends
         self.outputs = ShmArena()  # written here, mapped by the worker
+        self.bls = BlsClient(conn, sock)
+        self.loop = asyncio.new_event_loop()  # for models whose execute() is a coroutine
+        pb_utils._bls_client = self.bls
 
     def serve(self) -> None:
         while True:
@@ -225,6 +403,9 @@ class Stub:
             except EOFError:
                 break
             op = message["op"]
+            if op == "bls_reply":  # an async_exec() call nobody awaited: dropped
+                discard_fd(message)
+                continue
             fd = None
             try:
                 reply = getattr(self, f"op_{op}")(message)
@@ -264,6 +445,11 @@ class Stub:
             self.outputs.close()
         requests = [self._request(r) for r in message["requests"]]
         result = self.model.execute(requests)
+        if inspect.isawaitable(result):  # async def execute (BLS with async_exec)
+            try:
+                result = self.loop.run_until_complete(result)
+            finally:
+                self.bls.stop_watching()
         responses = self._responses(requests, result)
         outputs, errors = [], []
         for response in responses:

@@ -216,6 +216,7 @@ class InferenceRequest:
         self._inputs = list(inputs or [])
         self._requested = list(requested_output_names or [])
         self._model_name = model_name
+        self._model_version = int(model_version)
         self._flags = flags
         self._timeout = timeout
         self._parameters = (
@@ -252,11 +253,26 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
-    def exec(self, decoupled: bool = False):
-        raise TritonModelException("BLS requests are not supported by this worker yet")
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """BLS: run this request on model `model_name` through the worker's own scheduling."""
+        return _bls(decoupled).call(self)
 
-    async def async_exec(self, decoupled: bool = False):
-        raise TritonModelException("BLS requests are not supported by this worker yet")
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """BLS, awaitable: several calls gathered run side by side."""
+        return await _bls(decoupled).call_async(self)
+
+
+_bls_client = None  # the stub's BlsClient, set when the stub starts
+
+
+def _bls(decoupled: bool):
+    if decoupled:
+        raise TritonModelException(
+            "exec(decoupled=True) is not supported by this worker: decoupled models are not yet"
+        )
+    if _bls_client is None:
+        raise TritonModelException("BLS requests can be sent only by a model the worker runs")
+    return _bls_client
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
