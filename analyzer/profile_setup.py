@@ -22,6 +22,7 @@ from analyzer.results.checkpoint import Checkpoint
 from analyzer.results.outcome import ModelOutcome
 from analyzer.search.base import SearchLimits, SearchStrategy
 from analyzer.search.brute import BruteSearch
+from analyzer.search.composed import ComposedQuickSearch, Part
 from analyzer.search.ledger import redact_url
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
@@ -146,13 +147,19 @@ def search_limits(config: ProfileConfig, spec: ModelSpec, source: ModelSource) -
 
 def search_strategy(
     config: ProfileConfig, spec: ModelSpec, source: ModelSource, space: SearchSpace,
-    fingerprint: str, model: ModelOutcome,
+    fingerprint: str, model: ModelOutcome, parts: dict[str, ModelSource] | None = None,
 ) -> SearchStrategy:  # fmt: skip
     """The model's search, by run_config_search_mode; an optuna study also names itself and its
-    Pareto objectives in `model`."""
+    Pareto objectives in `model`. An ensemble (`parts`: its composing models) gets the quick
+    search over its composing models whatever the mode, as MA does."""
     c = config
     limits = search_limits(c, spec, source)
     mode = c.run_config_search_mode
+    if parts is not None and not limits.search_disable:
+        ensemble_batch = source.config.max_batch_size
+        return ComposedQuickSearch(space, limits, [
+            Part(name, s.config.max_batch_size, ensemble_batch) for name, s in parts.items()
+        ], top_configs=c.num_configs_per_model)  # fmt: skip
     if mode == "brute" or limits.manual or limits.search_disable:
         return BruteSearch(space, limits)
     if mode == "quick":

@@ -36,16 +36,20 @@ from analyzer.profile_setup import (
     search_strategy,
 )
 from analyzer.repository.repository import (
+    ENSEMBLE,
     ModelSource,
     RepositoryError,
+    composing_models,
     files_digest,
     list_models,
     read_model,
 )
 from analyzer.repository.variants import (
     VariantError,
+    composed_variant,
     default_variant,
     describe,
+    describe_composed,
     make_variant,
     write_variant,
 )
@@ -58,6 +62,9 @@ from analyzer.search.ledger import SharedPoint, unmerged
 from analyzer.search.space import SearchSpace, load_levels, load_search_space
 from analyzer.worker.devices import gpu_count
 from analyzer.worker_session import Listener, WorkerSession
+
+# an ensemble variant's composing models: model name -> (variant folder name, its config)
+Composed = dict[str, tuple[str, ModelConfig]]
 
 
 def _outcome(ranker: Ranker, result: ConfigResult, measurement: Measurement,
@@ -82,6 +89,10 @@ class Profiler:
         self.outcome = ProfileOutcome(config, [])
         # the worker, the load generator and the monitors, shared with the final comparison
         self.session = WorkerSession(config, self.outcome, self.listener)
+        # an ensemble's composing models (name -> source, in step order), per ensemble profiled
+        self.parts: dict[str, dict[str, ModelSource]] = {}
+        # per composing model: its variants' config text -> folder name (one folder per config)
+        self.part_names: dict[str, dict[str, str]] = {}
 
     # ---- run ------------------------------------------------------------------------------------
     def run(self) -> ProfileOutcome:
@@ -126,8 +137,30 @@ class Profiler:
                 model.error = str(err)
                 self.listener("model_failed", {"model": spec.name, "error": model.error})
                 continue
+            if source.backend == ENSEMBLE and not self._read_parts(model, source):
+                continue
             self._profile_model(model, source, space, checkpoint, use_gpu)
             self.listener("model_done", {"model": spec.name})
+
+    def _read_parts(self, model: ModelOutcome, source: ModelSource) -> bool:
+        """An ensemble's composing models, read from the repository (its search turns their
+        knobs); False, with the model's error set, when one cannot be used."""
+        if self.config.triton_launch_mode == "remote":
+            model.error = (f"ensemble '{source.name}': profiling an ensemble needs a worker "
+                           "that serves the output model repository (triton_launch_mode local "
+                           "or docker), not remote")  # fmt: skip
+        else:
+            try:
+                self.parts[source.name] = {
+                    name: read_model(self.config.model_repository, name)
+                    for name in composing_models(source.config)
+                }
+            except RepositoryError as err:
+                model.error = f"ensemble '{source.name}': {err}"
+        if model.error:
+            self.listener("model_failed", {"model": source.name, "error": model.error})
+            return False
+        return True
 
     def _profile_model(
         self, model: ModelOutcome, source: ModelSource, space: SearchSpace, checkpoint: Checkpoint,
@@ -141,7 +174,9 @@ class Profiler:
             model.error = f"model '{spec.name}': {err}"
             self.listener("model_failed", {"model": spec.name, "error": model.error})
             return
-        fingerprint = [spec.name, files_digest(source.path), options.protocol,
+        digest = files_digest(source.path) + "".join(
+            files_digest(part.path) for part in self.parts.get(source.name, {}).values())
+        fingerprint = [spec.name, digest, options.protocol,
                        options.input_data, options.distribution, sorted(options.shapes.items()),
                        options.string_length, settings.mode, settings.window_ms,
                        settings.request_count, settings.stability_pct, settings.max_trials,
@@ -151,7 +186,8 @@ class Profiler:
         self.session.fresh_worker_per_variant = bool(
             MEMORY_TAGS & (set(spec.objectives) | set(spec.constraints)))  # fmt: skip
         search = search_strategy(self.config, spec, source, space,
-                                 json.dumps(fingerprint[:1] + fingerprint[2:]), model)
+                                 json.dumps(fingerprint[:1] + fingerprint[2:]), model,
+                                 self.parts.get(source.name))  # fmt: skip
         variants: dict[str, ConfigResult | None] = {}
         try:
             self._search(model, source, search, variants, cpu_only, fingerprint, checkpoint,
@@ -188,6 +224,11 @@ class Profiler:
             if ckey in checkpoint.failures:
                 result.error = checkpoint.failures[ckey]
                 search.tell(trial, Outcome(ok=False, error=result.error))
+                continue
+            same = next((m for m in result.measurements if (m.load, m.value, m.batch_size)
+                         == (trial.load, trial.value, trial.batch_size)), None)  # fmt: skip
+            if same is not None:  # two search params named this config: measured once
+                search.tell(trial, _outcome(ranker, result, same, ranker.violations(same)))
                 continue
             pkey = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
                              fingerprint_text)  # fmt: skip
@@ -259,12 +300,19 @@ class Profiler:
         self, model: ModelOutcome, source: ModelSource, trial: SearchPoint, cpu_only: bool
     ) -> ConfigResult | None:
         params = trial.params
+        parts = self.parts.get(source.name)
         try:
-            config = make_variant(source.config, params, cpu_only) if params else (
-                default_variant(source.config, cpu_only))  # fmt: skip
+            if parts is not None:
+                config, composing = self._composed(source, parts, params, cpu_only)
+            else:
+                config = make_variant(source.config, params, cpu_only) if params else (
+                    default_variant(source.config, cpu_only))  # fmt: skip
         except VariantError as err:
             model.skipped.append(f"{json.dumps(params, sort_keys=True)}: {err}")
             return None
+        same = self._same_config(model, source, config, composing if parts else None)
+        if same is not None:  # e.g. the quick search's first state, often the model's own config
+            return same
         index = sum(1 for r in model.results if not r.is_default)
         name = f"{source.name}_config_{'default' if not params else index}"
         folder = self.config.output_repository / name
@@ -275,12 +323,17 @@ class Profiler:
         named = ModelConfig()
         named.CopyFrom(config)
         named.name = name
+        text, description = format_model_config(content), describe(config)
+        if parts is not None:
+            text = _composed_text(source.config, composing)
+            description = describe_composed(
+                {part: (variant, cfg) for part, (variant, cfg) in composing.items()})
         result = ConfigResult(
             model=source.name,
             name=name,
             params=params,
-            description=describe(config),
-            config_text=format_model_config(content),
+            description=description,
+            config_text=text,
             path=str(folder),
             is_default=not params,
         )
@@ -288,6 +341,34 @@ class Profiler:
         model.results.append(result)
         self.listener("variant", {"result": result})
         return result
+
+    @staticmethod
+    def _same_config(model: ModelOutcome, source: ModelSource, config: ModelConfig,
+                     composing: Composed | None) -> ConfigResult | None:  # fmt: skip
+        """A variant already made whose config is this one: different search params can
+        describe the same config, which is then measured as one."""
+        text = (format_model_config(_unnamed(config)) if composing is None
+                else _composed_text(source.config, composing))  # fmt: skip
+        return next((r for r in model.results if r.config_text == text), None)
+
+    def _composed(self, source: ModelSource, parts: dict[str, ModelSource], params: dict,
+                  cpu_only: bool) -> tuple[ModelConfig, Composed]:  # fmt: skip
+        """An ensemble variant: each composing model's variant written once as its own folder
+        (`add_sub_config_3`), and the ensemble's config with its steps calling those folders,
+        so each ensemble variant serves with its composing variants as they are."""
+        composing: Composed = {}
+        for part, part_source in parts.items():
+            own = params.get(part) or {}
+            config = (make_variant(part_source.config, own, cpu_only) if own
+                      else default_variant(part_source.config, cpu_only))  # fmt: skip
+            names = self.part_names.setdefault(part, {})
+            key = format_model_config(_unnamed(config))
+            if key not in names:
+                made = sum(1 for n in names.values() if not n.endswith("_config_default"))
+                names[key] = variant = f"{part}_config_{made if own else 'default'}"
+                write_variant(part_source.path, config, self.config.output_repository / variant)
+            composing[part] = (names[key], config)
+        return composed_variant(source.config, {p: v for p, (v, _) in composing.items()}), composing
 
     # ---- the worker session, as the final comparison uses it -----------------------------------
     def ensure_launcher(self) -> Launcher:
@@ -308,3 +389,17 @@ class Profiler:
 
     def unload_variant(self) -> None:
         self.session.unload_variant()
+
+
+def _composed_text(ensemble: ModelConfig, composing: Composed) -> str:
+    """The identity of an ensemble variant: its composing configs, not their folders' names."""
+    return format_model_config(_unnamed(ensemble)) + "".join(
+        f"# composing model {part}\n{format_model_config(_unnamed(cfg))}"
+        for part, (_, cfg) in composing.items())  # fmt: skip
+
+
+def _unnamed(config: ModelConfig) -> ModelConfig:
+    out = ModelConfig()
+    out.CopyFrom(config)
+    out.name = ""
+    return out

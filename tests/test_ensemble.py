@@ -4,10 +4,13 @@ reads them."""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +21,7 @@ import tritonclient.http as httpclient
 from serving import EXAMPLES, ROOT, start_worker
 from tritonclient.utils import InferenceServerException
 
-from analyzer.config.model_config import parse_model_config
+from analyzer.config.model_config import load_model_config, parse_model_config
 from analyzer.worker.ensemble import check_graph
 from analyzer.worker.errors import InferError
 
@@ -399,16 +402,23 @@ def test_the_graph_is_checked_at_load(steps, outputs, message):
 
 
 def test_unload_dependents_unloads_the_composing_models_too(ensembles_worker):
+    """...except those another loaded ensemble still calls."""
     client = httpclient.InferenceServerClient(ensembles_worker.http)
-    client.load_model("reversed")
+    for name in ("reversed", "diamond"):
+        client.load_model(name)
+    client.unload_model("picky_pipe")  # it calls add_sub too
     with grpcclient.InferenceServerClient(ensembles_worker.grpc) as rpc:
         rpc.unload_model("reversed", unload_dependents=True)
+        states = _states(client)
+        assert states["reversed"] == "UNAVAILABLE"
+        assert states["add_sub"] == states["mul"] == "READY"  # diamond calls them
+        rpc.unload_model("diamond", unload_dependents=True)
     states = _states(client)
-    assert states["reversed"] == states["add_sub"] == states["mul"] == "UNAVAILABLE"
-    client.load_model("diamond")  # loads them again
-    client.unload_model("diamond")  # without dependents: they stay
+    assert states["diamond"] == states["add_sub"] == states["mul"] == "UNAVAILABLE"
+    client.load_model("reversed")  # loads them again
+    client.unload_model("reversed")  # without dependents: they stay
     states = _states(client)
-    assert states["diamond"] == "UNAVAILABLE" and states["add_sub"] == states["mul"] == "READY"
+    assert states["reversed"] == "UNAVAILABLE" and states["add_sub"] == states["mul"] == "READY"
     client.close()
 
 
@@ -432,3 +442,49 @@ def test_bls_calls_run_on_the_named_models_with_errors_as_responses(ensembles_wo
     after = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_count"]
     assert after == before + 1  # the BLS call went through add_sub's own scheduling
     client.close()
+
+
+# ---- profile --profile-models <ensemble> -----------------------------------------------------
+
+
+def test_profiling_the_seed_ensemble_searches_its_composing_models(tmp_path: Path):
+    """The seed's ensemble, profiled with the seed command's kind of caps: the search turns the
+    composing models' instances; each ensemble variant's steps call its composing variants'
+    folders, so the output repository serves them together as they are."""
+    run = subprocess.run(
+        [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(SEED),
+         "--profile-models", "ensemble", "--output-model-repository-path", "OUT",
+         "--export-path", "EXP", "--run-config-search-max-concurrency", "4",
+         "--run-config-search-max-instance-count", "2", "--measurement-interval", "300",
+         "--max-trials", "3", "--client-protocol", "http"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Best config for ensemble" in " ".join(run.stdout.split())
+    document = json.loads((tmp_path / "EXP" / "results" / "profile_results.json").read_text())
+    configs = [c for c in document["models"][0]["configs"] if c["measurements"]]
+    assert len(configs) >= 2 and any(c["is_default"] for c in configs)
+    counts = {json.dumps(c["params"], sort_keys=True) for c in configs}
+    assert any('"instance_count": 2' in p for p in counts), counts  # a composing model moved
+    texts = [c["description"]["instance_group"] for c in configs]
+    assert len(set(texts)) == len(texts), texts  # no config measured twice under two names
+    out = tmp_path / "OUT"
+    for c in configs:
+        steps = load_model_config(out / c["name"] / "config.pbtxt").ensemble_scheduling.step
+        called = [s.model_name for s in steps]
+        assert called == c["description"]["composing_configs"]
+        assert all((out / name / "config.pbtxt").exists() for name in called)
+    with open(tmp_path / "EXP" / "results" / "metrics-model-inference.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(re.fullmatch(r"ensemble_config_\w+: add_sub_config_\w+, mul_config_\w+",
+                                     row["Model Config Path"]) for row in rows)  # fmt: skip
+    # the winner's folders, served as written, answer the seed's client
+    winner = min(configs, key=lambda c: c["rank"])["name"]
+    served = start_worker(out, "--model-control-mode", "explicit", "--load-model", winner)
+    try:
+        a, b = np.full(4, 3.0, np.float32), np.arange(4, dtype=np.float32)
+        got = _infer(httpclient, served.http, winner, a, b).as_numpy("OUTPUT")
+        np.testing.assert_allclose(got, (a + b) * (a - b))
+    finally:
+        assert served.stop() == 0

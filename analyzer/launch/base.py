@@ -103,7 +103,10 @@ class Launcher(ABC):
         self.load(name, timeout_s)
 
     def unload(self, name: str, timeout_s: float = 120.0) -> None:
-        self._repository_call(f"/v2/repository/models/{name}/unload", timeout_s)
+        """Unload `name`, and the composing models of an ensemble variant with it (those no
+        other loaded ensemble calls): Triton's unload_dependents, a no-op for other models."""
+        self._repository_call(f"/v2/repository/models/{name}/unload", timeout_s,
+                              {"parameters": {"unload_dependents": True}})  # fmt: skip
 
     def _repository_call(self, path: str, timeout_s: float, body: dict | None = None) -> None:
         host, _, port = self.http_url.rpartition(":")

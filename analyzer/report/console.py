@@ -21,6 +21,9 @@ def _load_label(load: str, value: int) -> str:
 
 def _setting(r: ConfigResult) -> str:
     d = r.description
+    if d.get("composing_configs"):  # an ensemble: its composing models' values, in step order
+        return (f"{d['instance_group']}; max_batch_size {d['max_batch_size_text']}; "
+                f"queue delay us {d['max_queue_delay_text']}")  # fmt: skip
     parts = [d["instance_group"], f"max_batch_size {d['max_batch_size']}"]
     if d.get("dynamic_batching"):
         parts.append(f"queue delay {d['max_queue_delay_us']} us")
@@ -206,11 +209,13 @@ def _top_row(r: ConfigResult, base: float, finals: bool) -> list[str]:
     m = r.best
     assert m is not None
     ratio = f"{m.metrics['perf_throughput'] / base:.2f}x" if base else "-"
-    delay = r.description["max_queue_delay_us"]
+    d = r.description
+    delay = d.get("max_queue_delay_text", "-" if d["max_queue_delay_us"] is None
+                  else str(d["max_queue_delay_us"]))  # fmt: skip
     row = [
         str(r.rank) + ("=" if r.final is not None and r.final.tied else ""),
-        r.name + (" *" if r.pareto else ""), r.description["instance_group"],
-        str(r.description["max_batch_size"]), "-" if delay is None else str(delay),
+        r.name + (" *" if r.pareto else ""), d["instance_group"],
+        str(d.get("max_batch_size_text", d["max_batch_size"])), delay,
         f"{_load_label(m.load, m.value)} b={m.batch_size}",
         f"{m.metrics['perf_throughput']:.1f}",
     ]  # fmt: skip

@@ -28,6 +28,13 @@ RESULTS_FILE = "profile_results.json"
 Getter = Callable[[ConfigResult, Measurement, Ranker], Any]
 
 
+def _config_path(r: ConfigResult) -> str:
+    """The variant's name; an ensemble's lists its composing variants after it, as MA does
+    (`ensemble_config_0: add_sub_config_1, mul_config_0`)."""
+    composing = r.description.get("composing_configs")
+    return f"{r.name}: {', '.join(composing)}" if composing else r.name
+
+
 def _metric(tag: str, digits: int = 3) -> Getter:
     def get(r: ConfigResult, m: Measurement, ranker: Ranker) -> Any:
         value = m.metric(tag)
@@ -42,14 +49,16 @@ COLUMNS: dict[str, tuple[str, Getter]] = {
     "batch_size": ("Batch", lambda r, m, k: m.batch_size),
     "concurrency": ("Concurrency", lambda r, m, k: m.value if m.load == "concurrency" else ""),
     "request_rate": ("Request Rate", lambda r, m, k: m.value if m.load == "request_rate" else ""),
-    "model_config_path": ("Model Config Path", lambda r, m, k: r.name),
+    "model_config_path": ("Model Config Path", lambda r, m, k: _config_path(r)),
     "instance_group": ("Instance Group", lambda r, m, k: r.description["instance_group"]),
-    "max_batch_size": ("Max Batch Size", lambda r, m, k: r.description["max_batch_size"]),
+    "max_batch_size": ("Max Batch Size", lambda r, m, k: r.description.get(
+        "max_batch_size_text", r.description["max_batch_size"])),
     "satisfies_constraints": (
         "Satisfies Constraints", lambda r, m, k: "No" if k.violations(m) else "Yes"),
     # ours, after MA's
     "max_queue_delay_microseconds": (
-        "Max Queue Delay (us)", lambda r, m, k: _or_blank(r.description["max_queue_delay_us"])),
+        "Max Queue Delay (us)", lambda r, m, k: r.description.get(
+            "max_queue_delay_text", _or_blank(r.description["max_queue_delay_us"]))),
     "stable": ("Stable", lambda r, m, k: "Yes" if m.stable else "No"),
     "client_saturated": ("Client Saturated", lambda r, m, k: "Yes" if m.client_saturated else "No"),
     "client_bound": ("Client Bound", lambda r, m, k: "Yes" if m.client_bound else "No"),

@@ -56,6 +56,9 @@ def _environment() -> jinja2.Environment:
 
 def _setting(config: dict[str, Any]) -> str:
     d = config["description"]
+    if d.get("composing_configs"):  # an ensemble: its composing models' values, in step order
+        return (f"{d['instance_group']}; max_batch_size {d['max_batch_size_text']}; "
+                f"queue delay µs {d['max_queue_delay_text']}")  # fmt: skip
     text = f"{d['instance_group']}, max_batch_size {d['max_batch_size']}"
     if d.get("dynamic_batching"):
         text += f", dynamic batching with queue delay {d['max_queue_delay_us']} µs"
@@ -122,8 +125,9 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
     rows = []
     for c in ranked:  # every measured config, best first; the top ones get detailed reports
         delay = c["description"]["max_queue_delay_us"]
+        delay = c["description"].get("max_queue_delay_text", "–" if delay is None else delay)
         throughput = c["best"]["metrics"]["perf_throughput"]
-        rows.append({**c, "delay": "–" if delay is None else delay, "load": _load(c["best"]),
+        rows.append({**c, "delay": delay, "load": _load(c["best"]),
                      "vs_default": f"{throughput / base:.2f}×" if base else "–",
                      "detailed": c in top and "detailed" in parts})  # fmt: skip
     written = [] if "detailed" not in parts else [

@@ -181,6 +181,15 @@ def resolve_backend(config: ModelConfig, path: Path, source: str) -> str:
     return backend
 
 
+def composing_models(config: ModelConfig) -> list[str]:
+    """The models an ensemble's steps call, each once, in step order."""
+    names: list[str] = []
+    for step in config.ensemble_scheduling.step:
+        if step.model_name and step.model_name not in names:
+            names.append(step.model_name)
+    return names
+
+
 def _guess_backend(path: Path) -> str:
     for version in available_versions(path):
         for backend, (_, filename) in BACKENDS.items():

@@ -34,6 +34,9 @@ def default_variant(config: ModelConfig, cpu_only: bool) -> ModelConfig:
     (MA gets this wrong, its issue #927)."""
     out = ModelConfig()
     out.CopyFrom(config)
+    for group in out.instance_group:
+        group.count = max(group.count, 1)  # Triton's default, written out: a variant that sets
+        # count 1 is then seen to be this same config
     if cpu_only:
         for group in out.instance_group:
             if group.kind in (KIND_GPU, KIND_AUTO):
@@ -131,6 +134,39 @@ def describe(config: ModelConfig) -> dict[str, Any]:
             config.dynamic_batching.max_queue_delay_microseconds if batching else None
         ),
         "preferred_batch_size": list(config.dynamic_batching.preferred_batch_size),
+    }
+
+
+def composed_variant(config: ModelConfig, variants: dict[str, str]) -> ModelConfig:
+    """An ensemble's config whose steps call the composing variants `variants` (model name ->
+    variant folder name) instead of the models themselves."""
+    out = ModelConfig()
+    out.CopyFrom(config)
+    for step in out.ensemble_scheduling.step:
+        if step.model_name in variants:
+            step.model_name = variants[step.model_name]
+            step.model_version = -1
+    return out
+
+
+def describe_composed(parts: dict[str, tuple[str, ModelConfig]]) -> dict[str, Any]:
+    """An ensemble variant for tables and CSVs: each composing model's values, in step order
+    (as MA lists them), with the totals the tie rule compares (all instances, the largest max
+    batch size)."""
+    each = {part: describe(config) for part, (_, config) in parts.items()}
+    delays = [d["max_queue_delay_us"] for d in each.values()]
+    return {
+        "max_batch_size": max((d["max_batch_size"] for d in each.values()), default=0),
+        "instance_count": sum(d["instance_count"] for d in each.values()),
+        "instance_group": ", ".join(f"{p} {d['instance_group']}" for p, d in each.items()),
+        "dynamic_batching": any(d["dynamic_batching"] for d in each.values()),
+        "max_queue_delay_us": max((x for x in delays if x is not None), default=None),
+        "preferred_batch_size": [],
+        "max_batch_size_text": ", ".join(f"{p} {d['max_batch_size']}" for p, d in each.items()),
+        "max_queue_delay_text": ", ".join(
+            f"{p} {'-' if d['max_queue_delay_us'] is None else d['max_queue_delay_us']}"
+            for p, d in each.items()),
+        "composing_configs": [variant for variant, _ in parts.values()],
     }
 
 

@@ -24,7 +24,9 @@ import numpy as np
 
 from analyzer.config.model_config import ModelConfig
 from analyzer.datatypes import config_to_wire, numpy_to_wire
-from analyzer.repository.repository import ModelSource
+from analyzer.repository.repository import ModelSource, composing_models
+
+__all__ = ["EnsembleVersion", "check_graph", "composing_models"]
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import InferRequest
 from analyzer.worker.stats import ModelStats
@@ -35,15 +37,6 @@ if TYPE_CHECKING:
     from analyzer.worker.model import ModelVersion
 
 PLATFORM = "ensemble"
-
-
-def composing_models(config: ModelConfig) -> list[str]:
-    """The models an ensemble's steps call, each once, in step order."""
-    names: list[str] = []
-    for step in config.ensemble_scheduling.step:
-        if step.model_name and step.model_name not in names:
-            names.append(step.model_name)
-    return names
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,8 @@ class ModelManager:
         composing = self._composing(name) if dependents else []
         self._unload(name)
         for model in composing:
+            if self._used_by_loaded_ensemble(model):
+                continue  # another loaded ensemble still calls it
             nested = self._composing(model)
             self._unload(model, missing_ok=True)
             composing.extend(m for m in nested if m not in composing)
@@ -148,6 +150,10 @@ class ModelManager:
             versions = list(entry.versions.values()) if entry else []
         return [m for v in versions if isinstance(v, EnsembleVersion)
                 for m in composing_models(v.config)]  # fmt: skip
+
+    def _used_by_loaded_ensemble(self, name: str) -> bool:
+        return any(isinstance(v, EnsembleVersion) and name in composing_models(v.config)
+                   for v in self.loaded())  # fmt: skip
 
     def _require_explicit(self) -> None:
         if self.control_mode != "explicit":
