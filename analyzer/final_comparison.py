@@ -208,7 +208,8 @@ def _measure_rounds(
         trials[r.name] = SearchPoint.make(r.params, r.best.load, r.best.value, r.best.batch_size)
     per_round = round_options(options)
     launcher = profiler.ensure_launcher()
-    together = not launcher.remote
+    # BLS finalists serve their composing models under the same names: one at a time
+    together = not launcher.remote and not any(r.serve_first for r in by_name.values())
     got: dict[str, list[Measurement]] = {name: [] for name in by_name}
     profiler.listener("final_start", {"model": model_name, "comparison": comparison})
     loaded: dict[str, int] = {}  # variant -> the worker start it was loaded into

@@ -17,7 +17,7 @@ from analyzer.loadgen.inputs import parse_shapes
 from analyzer.loadgen.measure import MeasureSettings
 from analyzer.loadgen.perf import PerfOptions
 from analyzer.metrics import DIRECTIONS
-from analyzer.repository.repository import ModelSource
+from analyzer.repository.repository import ENSEMBLE, ModelSource
 from analyzer.results.checkpoint import Checkpoint
 from analyzer.results.outcome import ModelOutcome
 from analyzer.search.base import SearchLimits, SearchStrategy
@@ -156,10 +156,13 @@ def search_strategy(
     limits = search_limits(c, spec, source)
     mode = c.run_config_search_mode
     if parts is not None and not limits.search_disable:
-        ensemble_batch = source.config.max_batch_size
-        return ComposedQuickSearch(space, limits, [
-            Part(name, s.config.max_batch_size, ensemble_batch) for name, s in parts.items()
-        ], top_configs=c.num_configs_per_model)  # fmt: skip
+        if source.backend == ENSEMBLE:  # its batch goes to every step
+            axes = [Part(n, s.config.max_batch_size, source.config.max_batch_size)
+                    for n, s in parts.items()]  # fmt: skip
+        else:  # a BLS model: its own knobs too
+            axes = [Part(n, s.config.max_batch_size) for n, s in [(source.name, source),
+                                                                   *parts.items()]]  # fmt: skip
+        return ComposedQuickSearch(space, limits, axes, top_configs=c.num_configs_per_model)
     if mode == "brute" or limits.manual or limits.search_disable:
         return BruteSearch(space, limits)
     if mode == "quick":

@@ -51,6 +51,7 @@ from analyzer.repository.variants import (
     describe,
     describe_composed,
     make_variant,
+    serve_as,
     write_variant,
 )
 from analyzer.results.checkpoint import Checkpoint, config_key, point_key
@@ -93,6 +94,7 @@ class Profiler:
         self.parts: dict[str, dict[str, ModelSource]] = {}
         # per composing model: its variants' config text -> folder name (one folder per config)
         self.part_names: dict[str, dict[str, str]] = {}
+        self.bls_models: set[str] = set()  # profiled models whose parts are BLS composing models
 
     # ---- run ------------------------------------------------------------------------------------
     def run(self) -> ProfileOutcome:
@@ -118,6 +120,11 @@ class Profiler:
         for model in self.outcome.models:
             ranker = Ranker(model.spec.objectives, model.spec.constraints, model.pareto)
             model.results = recommended_first(ranker.rank(model.results), model.comparison)
+            if model.results and model.results[0].serve_first:
+                # a BLS model calls its composing models by name: the output repository
+                # serves the recommended variant's under those names
+                for name, variant in model.results[0].serve_first:
+                    serve_as(self.config.output_repository, variant, name)
         self.outcome.wall_s = time.monotonic() - started
         return self.outcome
 
@@ -137,26 +144,36 @@ class Profiler:
                 model.error = str(err)
                 self.listener("model_failed", {"model": spec.name, "error": model.error})
                 continue
-            if source.backend == ENSEMBLE and not self._read_parts(model, source):
+            bls = bool(self.config.bls_composing_models)
+            if (source.backend == ENSEMBLE or bls) and not self._read_parts(model, source, bls):
                 continue
             self._profile_model(model, source, space, checkpoint, use_gpu)
             self.listener("model_done", {"model": spec.name})
 
-    def _read_parts(self, model: ModelOutcome, source: ModelSource) -> bool:
-        """An ensemble's composing models, read from the repository (its search turns their
-        knobs); False, with the model's error set, when one cannot be used."""
+    def _read_parts(self, model: ModelOutcome, source: ModelSource, bls: bool) -> bool:
+        """The composing models of an ensemble (its steps) or of a BLS model
+        (--bls-composing-models), read from the repository: the search turns their knobs too.
+        False, with the model's error set, when one cannot be used."""
+        kind = "BLS model" if bls else "ensemble"
+        names = list(self.config.bls_composing_models or []) if bls else (
+            composing_models(source.config))  # fmt: skip
         if self.config.triton_launch_mode == "remote":
-            model.error = (f"ensemble '{source.name}': profiling an ensemble needs a worker "
-                           "that serves the output model repository (triton_launch_mode local "
-                           "or docker), not remote")  # fmt: skip
+            model.error = (f"{kind} '{source.name}': profiling it with its composing models "
+                           "needs a worker that serves the output model repository "
+                           "(triton_launch_mode local or docker), not remote")  # fmt: skip
+        elif bls and source.backend == ENSEMBLE:
+            model.error = (f"--bls-composing-models is for a python model that calls others, "
+                           f"but '{source.name}' is an ensemble (its steps name its models)")
+        elif source.name in names:
+            model.error = f"{kind} '{source.name}' cannot be one of its own composing models"
         else:
             try:
                 self.parts[source.name] = {
-                    name: read_model(self.config.model_repository, name)
-                    for name in composing_models(source.config)
-                }
+                    name: read_model(self.config.model_repository, name) for name in names}
             except RepositoryError as err:
-                model.error = f"ensemble '{source.name}': {err}"
+                model.error = f"{kind} '{source.name}': {err}"
+            if bls:
+                self.bls_models.add(source.name)
         if model.error:
             self.listener("model_failed", {"model": source.name, "error": model.error})
             return False
@@ -303,31 +320,33 @@ class Profiler:
         parts = self.parts.get(source.name)
         try:
             if parts is not None:
-                config, composing = self._composed(source, parts, params, cpu_only)
+                config, own, composing = self._composed(source, parts, params, cpu_only)
             else:
                 config = make_variant(source.config, params, cpu_only) if params else (
                     default_variant(source.config, cpu_only))  # fmt: skip
         except VariantError as err:
             model.skipped.append(f"{json.dumps(params, sort_keys=True)}: {err}")
             return None
-        same = self._same_config(model, source, config, composing if parts else None)
+        text = (format_model_config(_unnamed(config)) if parts is None
+                else _composed_text(own, composing))  # fmt: skip
+        same = next((r for r in model.results if r.config_text == text), None)
         if same is not None:  # e.g. the quick search's first state, often the model's own config
             return same
         index = sum(1 for r in model.results if not r.is_default)
         name = f"{source.name}_config_{'default' if not params else index}"
         folder = self.config.output_repository / name
         write_variant(source.path, config, folder)
-        content = ModelConfig()
-        content.CopyFrom(config)
-        content.name = ""
         named = ModelConfig()
         named.CopyFrom(config)
         named.name = name
-        text, description = format_model_config(content), describe(config)
+        description = describe(config)
+        serve_first: list[tuple[str, str]] = []
         if parts is not None:
-            text = _composed_text(source.config, composing)
-            description = describe_composed(
-                {part: (variant, cfg) for part, (variant, cfg) in composing.items()})
+            shown = dict(composing)
+            if source.name in self.bls_models:  # the BLS model's own values first
+                shown = {source.name: (name, config), **composing}
+                serve_first = [(part, variant) for part, (variant, _) in composing.items()]
+            description = describe_composed(shown, [v for v, _ in composing.values()])
         result = ConfigResult(
             model=source.name,
             name=name,
@@ -336,31 +355,28 @@ class Profiler:
             config_text=text,
             path=str(folder),
             is_default=not params,
+            serve_first=serve_first,
         )
         result.description["config_pbtxt"] = format_model_config(named)
         model.results.append(result)
         self.listener("variant", {"result": result})
         return result
 
-    @staticmethod
-    def _same_config(model: ModelOutcome, source: ModelSource, config: ModelConfig,
-                     composing: Composed | None) -> ConfigResult | None:  # fmt: skip
-        """A variant already made whose config is this one: different search params can
-        describe the same config, which is then measured as one."""
-        text = (format_model_config(_unnamed(config)) if composing is None
-                else _composed_text(source.config, composing))  # fmt: skip
-        return next((r for r in model.results if r.config_text == text), None)
-
     def _composed(self, source: ModelSource, parts: dict[str, ModelSource], params: dict,
-                  cpu_only: bool) -> tuple[ModelConfig, Composed]:  # fmt: skip
-        """An ensemble variant: each composing model's variant written once as its own folder
-        (`add_sub_config_3`), and the ensemble's config with its steps calling those folders,
-        so each ensemble variant serves with its composing variants as they are."""
+                  cpu_only: bool) -> tuple[ModelConfig, ModelConfig, Composed]:  # fmt: skip
+        """A variant with composing models: each composing model's variant written once as its
+        own folder (`add_sub_config_3`). An ensemble's config gets its steps calling those
+        folders, so each ensemble variant serves with its composing variants as they are; a BLS
+        model's config is its own variant (its code calls the models by their own names).
+        Returns (the config to write, the model's own config for the variant's identity, the
+        composing variants)."""
+        cpu_parts = set(self.config.cpu_only_composing_models or [])
         composing: Composed = {}
         for part, part_source in parts.items():
             own = params.get(part) or {}
-            config = (make_variant(part_source.config, own, cpu_only) if own
-                      else default_variant(part_source.config, cpu_only))  # fmt: skip
+            cpu = cpu_only or part in cpu_parts
+            config = (make_variant(part_source.config, own, cpu) if own
+                      else default_variant(part_source.config, cpu))  # fmt: skip
             names = self.part_names.setdefault(part, {})
             key = format_model_config(_unnamed(config))
             if key not in names:
@@ -368,7 +384,13 @@ class Profiler:
                 names[key] = variant = f"{part}_config_{made if own else 'default'}"
                 write_variant(part_source.path, config, self.config.output_repository / variant)
             composing[part] = (names[key], config)
-        return composed_variant(source.config, {p: v for p, (v, _) in composing.items()}), composing
+        if source.name in self.bls_models:
+            own_params = params.get(source.name) or {}
+            config = (make_variant(source.config, own_params, cpu_only) if own_params
+                      else default_variant(source.config, cpu_only))  # fmt: skip
+            return config, config, composing
+        variants = {p: v for p, (v, _) in composing.items()}
+        return composed_variant(source.config, variants), source.config, composing
 
     # ---- the worker session, as the final comparison uses it -----------------------------------
     def ensure_launcher(self) -> Launcher:

@@ -31,6 +31,7 @@ from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
 from analyzer.monitor.metrics_gpu import MetricsGpuSampler
+from analyzer.repository.variants import serve_as
 from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.outcome import ProfileOutcome
 from analyzer.results.ranking import ConfigResult
@@ -58,6 +59,9 @@ class WorkerSession:
         self.payload_key: tuple | None = None
         # when a memory metric is ranked on, every variant gets a fresh worker (set per model)
         self.fresh_worker_per_variant = False
+        # models served under their own names for a BLS variant: name -> (variant folder, the
+        # worker start it was loaded into)
+        self.serving: dict[str, tuple[str, int]] = {}
         self.placement = Placement(None, None, "")  # CPU sets, planned when the run starts
 
     def _ensure_worker(self) -> Launcher:
@@ -135,6 +139,7 @@ class WorkerSession:
         served = result.model if launcher.remote else result.name
         if self.loaded != result.name:
             self.listener("load", {"result": result})
+            self._serve_composing(launcher, result)
             launcher.load_variant(served, result.config_text)
             self.loaded, self.loaded_as = result.name, served
         url = launcher.grpc_url if options.protocol == "grpc" else launcher.http_url
@@ -174,6 +179,16 @@ class WorkerSession:
                                  time.time())  # fmt: skip
         measurement.host = owner_id()
         return measurement
+
+    def _serve_composing(self, launcher: Launcher, result: ConfigResult) -> None:
+        """A BLS variant's composing models, served under the names its code calls (loaded
+        again only when the config under that name changes)."""
+        for name, variant in result.serve_first:
+            if self.serving.get(name) == (variant, self.outcome.worker_starts):
+                continue
+            serve_as(self.config.output_repository, variant, name)
+            launcher.load(name)
+            self.serving[name] = (variant, self.outcome.worker_starts)
 
     def failure_text(self, err: Exception) -> str:
         text = str(err).strip()

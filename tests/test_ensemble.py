@@ -447,19 +447,23 @@ def test_bls_calls_run_on_the_named_models_with_errors_as_responses(ensembles_wo
 # ---- profile --profile-models <ensemble> -----------------------------------------------------
 
 
+def _profile(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(SEED),
+         "--output-model-repository-path", "OUT", "--export-path", "EXP",
+         "--run-config-search-max-concurrency", "4", "--run-config-search-max-instance-count",
+         "2", "--measurement-interval", "300", "--max-trials", "3", "--client-protocol", "http",
+         *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+
+
 def test_profiling_the_seed_ensemble_searches_its_composing_models(tmp_path: Path):
     """The seed's ensemble, profiled with the seed command's kind of caps: the search turns the
     composing models' instances; each ensemble variant's steps call its composing variants'
     folders, so the output repository serves them together as they are."""
-    run = subprocess.run(
-        [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(SEED),
-         "--profile-models", "ensemble", "--output-model-repository-path", "OUT",
-         "--export-path", "EXP", "--run-config-search-max-concurrency", "4",
-         "--run-config-search-max-instance-count", "2", "--measurement-interval", "300",
-         "--max-trials", "3", "--client-protocol", "http"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+    run = _profile(tmp_path, "--profile-models", "ensemble")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Best config for ensemble" in " ".join(run.stdout.split())
     document = json.loads((tmp_path / "EXP" / "results" / "profile_results.json").read_text())
@@ -488,3 +492,45 @@ def test_profiling_the_seed_ensemble_searches_its_composing_models(tmp_path: Pat
         np.testing.assert_allclose(got, (a + b) * (a - b))
     finally:
         assert served.stop() == 0
+
+
+def test_profiling_a_bls_model_with_its_composing_models(tmp_path: Path):
+    """--bls-composing-models: the BLS model and the models it calls are searched together;
+    the models it calls are served under their own names while it is measured, and the output
+    repository ends serving the recommended variant with its composing configs."""
+    run = _profile(tmp_path, "--profile-models", "bls", "--bls-composing-models", "add_sub,mul")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Best config for bls" in " ".join(run.stdout.split())
+    document = json.loads((tmp_path / "EXP" / "results" / "profile_results.json").read_text())
+    configs = [c for c in document["models"][0]["configs"] if c["measurements"]]
+    assert len(configs) >= 2
+    moved = {part for c in configs for part in c["params"]}
+    assert moved <= {"bls", "add_sub", "mul"} and len(moved) >= 2, moved
+    out = tmp_path / "OUT"
+    best = min(configs, key=lambda c: c["rank"])
+    for part, variant in zip(("add_sub", "mul"), best["description"]["composing_configs"],
+                             strict=True):  # fmt: skip
+        served = load_model_config(out / part / "config.pbtxt")
+        chosen = load_model_config(out / variant / "config.pbtxt")
+        served.name = chosen.name = ""
+        assert served == chosen
+    worker = start_worker(out, "--model-control-mode", "explicit", "--load-model", "add_sub",
+                          "--load-model", "mul", "--load-model", best["name"])  # fmt: skip
+    try:
+        a, b = np.full(4, 2.0, np.float32), np.arange(4, dtype=np.float32)
+        got = _infer(grpcclient, worker.grpc, best["name"], a, b).as_numpy("OUTPUT")
+        np.testing.assert_allclose(got, (a + b) * (a - b))
+    finally:
+        assert worker.stop() == 0
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--profile-models", "ensemble", "--bls-composing-models", "add_sub"],
+     "--bls-composing-models is for a python model that calls others, but 'ensemble' is an "
+     "ensemble"),
+    (["--profile-models", "bls", "--bls-composing-models", "add_sub,nope"],
+     "BLS model 'bls': model 'nope' is not in repository"),
+])  # fmt: skip
+def test_composing_models_that_cannot_be_used_are_one_clear_error(tmp_path, args, needle):
+    run = _profile(tmp_path, *args)
+    assert needle in " ".join((run.stdout + run.stderr).split())

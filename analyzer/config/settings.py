@@ -131,6 +131,11 @@ class Settings:
     gpus: list[str] = setting("strs", ["all"], "GPUs to use and monitor: 'all' or UUIDs/indices.")
     cpu_only: bool = setting("bool", False,
         "Profile every model on CPU (KIND_CPU) even with a GPU.")
+    bls_composing_models: list[str] | None = setting("strs", None,
+        "The models a BLS model calls: searched together with it, and served under their own "
+        "names while it is measured.")
+    cpu_only_composing_models: list[str] | None = setting("strs", None,
+        "Composing models (of an ensemble or a BLS model) given CPU instances only.")
     monitoring_interval: float = setting("float", 0.1,
         "Seconds between GPU/CPU samples (MA's default is 1.0; our windows are "
         "shorter).", flags=("-i",))

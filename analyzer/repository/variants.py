@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from analyzer.config.model_config import ModelConfig, write_model_config
+from analyzer.config.model_config import ModelConfig, load_model_config, write_model_config
 from analyzer.errors import AnalyzerError
 from analyzer.repository.repository import CONFIG_FILE
 
@@ -149,10 +149,11 @@ def composed_variant(config: ModelConfig, variants: dict[str, str]) -> ModelConf
     return out
 
 
-def describe_composed(parts: dict[str, tuple[str, ModelConfig]]) -> dict[str, Any]:
-    """An ensemble variant for tables and CSVs: each composing model's values, in step order
+def describe_composed(parts: dict[str, tuple[str, ModelConfig]],
+                      composing: list[str]) -> dict[str, Any]:  # fmt: skip
+    """A variant with composing models for tables and CSVs: each model's values, in step order
     (as MA lists them), with the totals the tie rule compares (all instances, the largest max
-    batch size)."""
+    batch size); `composing`: the composing variants' folders, for MA's config path."""
     each = {part: describe(config) for part, (_, config) in parts.items()}
     delays = [d["max_queue_delay_us"] for d in each.values()]
     return {
@@ -166,8 +167,16 @@ def describe_composed(parts: dict[str, tuple[str, ModelConfig]]) -> dict[str, An
         "max_queue_delay_text": ", ".join(
             f"{p} {'-' if d['max_queue_delay_us'] is None else d['max_queue_delay_us']}"
             for p, d in each.items()),
-        "composing_configs": [variant for variant, _ in parts.values()],
+        "composing_configs": composing,
     }
+
+
+def serve_as(repository: Path, variant: str, name: str) -> None:
+    """`repository/name` becomes a copy of the variant folder `repository/variant` (its config
+    named `name`): a BLS model calls its composing models by their own names."""
+    folder = repository / variant
+    config = load_model_config(folder / CONFIG_FILE)
+    write_variant(folder, config, repository / name)
 
 
 def write_variant(source: Path, config: ModelConfig, folder: Path) -> None:

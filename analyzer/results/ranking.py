@@ -48,6 +48,9 @@ class ConfigResult:
     rank: int = 0
     pareto: bool = False  # a point of it is on the Pareto front of the multi-objective search
     final: FinalResult | None = None  # its rounds in the final comparison, when it was in it
+    # a BLS variant's composing models: (name it calls, variant folder) served under that name
+    # before it is loaded
+    serve_first: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Ranker:
