@@ -534,3 +534,104 @@ def test_profiling_a_bls_model_with_its_composing_models(tmp_path: Path):
 def test_composing_models_that_cannot_be_used_are_one_clear_error(tmp_path, args, needle):
     run = _profile(tmp_path, *args)
     assert needle in " ".join((run.stdout + run.stderr).split())
+
+
+# ---- decoupled python models ------------------------------------------------------------------
+
+REPEAT = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Triton's `repeat` example, in short: one response per element of IN, the first half sent
+    during execute(), the rest by a thread after it returned, then the final flag alone."""
+
+    def execute(self, requests):
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender = request.get_response_sender()
+            half = len(values) // 2
+
+            def send(items, sender=sender):
+                for v in items:
+                    sender.send(pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))]))
+
+            send(values[:half])
+
+            def rest(values=values[half:], sender=sender, send=send):
+                send(values)
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            threading.Thread(target=rest).start()
+        return None
+'''
+
+
+@pytest.fixture(scope="module")
+def decoupled_worker(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("decoupled")
+    (repo / "repeat" / "1").mkdir(parents=True)
+    (repo / "repeat" / "1" / "model.py").write_text(REPEAT)
+    (repo / "repeat" / "config.pbtxt").write_text(
+        'name: "repeat" backend: "python" model_transaction_policy { decoupled: true }\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    served = start_worker(repo)
+    yield served
+    assert served.stop() == 0, "".join(served.output)
+
+
+def _stream(url: str, values: list[list[int]], empty_final: bool) -> dict[str, list]:
+    """Each request's responses, in order, as (OUT or None, triton_final_response)."""
+    import queue
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    for n, items in enumerate(values):
+        data = np.array(items, dtype=np.int32)
+        tensor = grpcclient.InferInput("IN", [len(items)], "INT32")
+        tensor.set_data_from_numpy(data)
+        client.async_stream_infer("repeat", [tensor], request_id=f"r{n}",
+                                  enable_empty_final_response=empty_final)  # fmt: skip
+    out: dict[str, list] = {f"r{n}": [] for n in range(len(values))}
+    open_requests = set(out)
+    while open_requests:
+        result, error = got.get(timeout=30)
+        assert error is None, error
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        array = result.as_numpy("OUT")
+        out[response.id].append((None if array is None else int(array[0]), final))
+        expected = len(values[int(response.id[1:])])
+        if final or (not empty_final and len(out[response.id]) == expected):
+            open_requests.discard(response.id)
+    client.stop_stream()
+    client.close()
+    return out
+
+
+def test_a_decoupled_model_streams_n_responses(decoupled_worker):
+    values = [[3, 1, 4, 1, 5], [9, 2], [6]]
+    got = _stream(decoupled_worker.grpc, values, empty_final=True)
+    for n, items in enumerate(values):
+        answers = got[f"r{n}"]
+        assert [v for v, _ in answers[:-1]] == items  # each as its own response, in order
+        assert [f for _, f in answers] == [False] * len(items) + [True]
+        assert answers[-1] == (None, True)  # the final flag alone: the empty response asked for
+    got = _stream(decoupled_worker.grpc, [[7, 8, 9]], empty_final=False)
+    assert got["r0"] == [(7, False), (8, False), (9, False)]  # no empty final unless asked
+
+
+def test_a_decoupled_model_is_refused_over_http_and_unary_grpc(decoupled_worker):
+    data = np.array([1, 2], dtype=np.int32)
+    for module, url in ((httpclient, decoupled_worker.http), (grpcclient, decoupled_worker.grpc)):
+        with module.InferenceServerClient(url) as client:
+            tensor = module.InferInput("IN", [2], "INT32")
+            tensor.set_data_from_numpy(data)
+            with pytest.raises(InferenceServerException, match="is decoupled.*gRPC streaming"):
+                client.infer("repeat", [tensor])

@@ -220,8 +220,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             correlation_id=sequence_param(params),
         )
 
-    def submit_bytes(self, data: bytes, on_done) -> tuple[Any, pb.ModelInferRequest, Any, Any]:
-        """Parse, check and queue a serialized ModelInferRequest.
+    def submit_bytes(self, data: bytes, on_done,
+                     on_response=None) -> tuple[Any, pb.ModelInferRequest, Any, Any]:  # fmt: skip
+        """Parse, check and queue a serialized ModelInferRequest (`on_response`: a stream's
+        callback for a decoupled model's responses).
 
         Returns the model, the request's fields an answer needs (model, requested outputs; no
         tensors; a kept layout's have no id: the queued request's `id` is the one to answer
@@ -237,12 +239,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             except DecodeError as err:
                 raise MalformedRequest(str(err)) from None
             model, request = self.prepare(fields, on_done, arrival)
+            request.on_response = on_response
             model.submit(request)  # validates against the model: may raise InferError
             layouts.learn(data, fields, request)
             return model, fields, None, request
         layout, base, request_id = matched
         model = self.manager.get(layout.model_name, layout.model_version)
         request = layout.request(data, on_done, arrival, base, request_id)
+        request.on_response = on_response
         check_once(model.validator, request, layout.checked)
         model.submit(request, checked=True)
         return model, layout.fields, layout.output_names, request

@@ -7,6 +7,10 @@ ModelStreamInferResponse written as bytes -- field 2, `infer_response`, around t
 parts -- with no protobuf object, task or coroutine per request: the model's completion callback
 puts it on the stream's queue through the loop.
 
+A decoupled model's responses (any number per request, `on_response`) go out as they come, each
+with `triton_final_response` saying whether it is the last; the request counts as answered when
+the model sends its final flag.
+
 Bounded as before: at most `grpc_max_stream_pending` requests of one stream are in the worker; the
 next message is not taken (and its flow-control window not returned) until an answer is sent. An
 error of one request (an unknown model, a bad input) is that request's answer (`error_message`),
@@ -37,6 +41,9 @@ _FINAL_ASKED = "triton_enable_empty_final_response"
 _FINAL = pb.ModelInferResponse(
     parameters={"triton_final_response": pb.InferParameter(bool_param=True)}
 ).SerializeToString()  # appended to a response, protobuf merges it into the map
+_NOT_FINAL = pb.ModelInferResponse(
+    parameters={"triton_final_response": pb.InferParameter(bool_param=False)}
+).SerializeToString()
 
 
 async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterator[list[bytes]]:
@@ -49,7 +56,15 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
 
     def finished(number: int, answer: list, outputs, error) -> None:  # on the loop
         in_flight.pop(number, None)
-        done.put_nowait(_response(service, answer, outputs, error))
+        if answer[4] and error is None:  # decoupled: its responses went out as they came
+            done.put_nowait((None, True))
+        else:
+            done.put_nowait((_response(service, answer, outputs, error), True))
+
+    def streamed(answer: list, outputs, error, final: bool) -> None:  # on the loop
+        parts = _decoupled_response(service, answer, outputs, error, final)
+        if parts is not None:
+            done.put_nowait((parts, False))
 
     async def read() -> None:
         nonlocal reading, pending
@@ -62,23 +77,29 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
                 except StopAsyncIteration:
                     break
                 number += 1
-                answer: list = []  # (model, fields, requested outputs, id) once queued
+                # (model, fields, requested outputs, id, decoupled) once queued
+                answer: list = []
 
                 def on_done(outputs, error, number=number, answer=answer) -> None:  # model's thread
                     loop.call_soon_threadsafe(finished, number, answer, outputs, error)
 
+                def on_response(outputs, error, final, answer=answer) -> None:  # model's thread
+                    loop.call_soon_threadsafe(streamed, answer, outputs, error, final)
+
                 pending += 1
                 try:
-                    model, fields, requested, request = service.submit_bytes(data, on_done)
+                    submitted = service.submit_bytes(data, on_done, on_response)
+                    model, fields, requested, request = submitted
                 except MalformedRequest as err:
                     pending -= 1
                     inbox.fail(f"malformed ModelInferRequest in the stream: {err.detail}")
                     break
                 except Exception as err:  # this request's answer; the stream goes on
-                    done.put_nowait(_refused(data, err))
+                    done.put_nowait((_refused(data, err), True))
                     continue
                 # `finished` runs on this loop, so only after this line: `answer` is complete
-                answer += (model, fields, requested, request.id)
+                decoupled = bool(getattr(model, "decoupled", False))
+                answer += (model, fields, requested, request.id, decoupled)
                 in_flight[number] = request
         finally:
             reading = False
@@ -90,9 +111,13 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
             item = await done.get()
             if item is None:
                 continue
-            pending -= 1
-            yield item
-            room.release()
+            parts, completes = item  # a decoupled model's responses do not complete a request
+            if completes:
+                pending -= 1
+            if parts is not None:
+                yield parts
+            if completes:
+                room.release()
     finally:
         # the client went away or the stream ended: its requests still queued are cancelled
         reader.cancel()
@@ -100,8 +125,36 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
             request.cancel()
 
 
+def _decoupled_response(service: InferenceService, answer: list, outputs, error,
+                        final: bool) -> list[bytes] | None:  # fmt: skip
+    """One response of a decoupled model: its outputs with `triton_final_response` saying
+    whether it is the last; a final flag sent alone is an empty response only when the client
+    asked for one (`triton_enable_empty_final_response`), as Triton does."""
+    model, fields, requested, request_id, _ = answer
+    if error is None and outputs is None:
+        asked = fields.parameters.get(_FINAL_ASKED)
+        if not (final and asked is not None and asked.bool_param):
+            return None
+        empty = pb.ModelInferResponse(model_name=model.name, model_version=str(model.version),
+                                      id=request_id).SerializeToString() + _FINAL  # fmt: skip
+        return [_INFER_RESPONSE + varint(len(empty)), empty]
+    if error is None:
+        try:
+            parts = service.encode_parts(model, fields, outputs, requested, request_id)
+        except InferError as err:
+            error = err
+        except Exception as err:
+            error = InferError(f"model '{model.name}' returned outputs that cannot be sent: {err}")
+    if error is not None:
+        message = error.message if isinstance(error, InferError) else str(error)
+        return [stream_error(request_id, fields.model_name, message).SerializeToString()]
+    parts.append(_FINAL if final else _NOT_FINAL)
+    size = sum(len(p) for p in parts)
+    return [_INFER_RESPONSE + varint(size), *parts]
+
+
 def _response(service: InferenceService, answer: list, outputs, error) -> list[bytes]:
-    model, fields, requested, request_id = answer
+    model, fields, requested, request_id, _ = answer
     if error is None:
         try:
             parts = service.encode_parts(model, fields, outputs, requested, request_id)

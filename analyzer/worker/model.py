@@ -53,6 +53,7 @@ class ModelVersion:
         self.scheduler = Scheduler(self.config, self.stats, self._deliver)
         self.validator = RequestValidator(self.config)
         self.runners: list[InstanceRunner] = []
+        self.decoupled = self.config.model_transaction_policy.decoupled
 
     def _preserve_ordering(self) -> bool:
         return self.config.HasField("dynamic_batching") and (
@@ -61,6 +62,9 @@ class ModelVersion:
 
     def load(self) -> None:
         """Create every instance; on failure, finalize what was created and re-raise."""
+        if self.decoupled and self.source.backend != "python":
+            raise ValueError(f"model '{self.name}': model_transaction_policy.decoupled is "
+                             "supported for python models only")  # fmt: skip
         if self.config.HasField("sequence_batching"):  # refuse rather than serve it wrongly
             raise ValueError(f"model '{self.name}': sequence_batching is not supported by this "
                              "worker")  # fmt: skip
@@ -83,6 +87,11 @@ class ModelVersion:
         """
         if not checked:
             self.validator.check(request)
+        if self.decoupled and request.on_response is None:
+            raise InferError(
+                f"model '{self.name}' is decoupled (it may send any number of responses per "
+                "request): call it over gRPC streaming (ModelStreamInfer), not HTTP or unary "
+                "gRPC", Status.UNSUPPORTED)  # fmt: skip
         if self._order is not None:
             self._order.register(request)
         try:

@@ -35,6 +35,11 @@ class InferRequest:
     signature: tuple = ()  # batch_signature(), set once by a dynamic batcher's enqueue
     # the execution that answered it, set by the instance runner (an ensemble sums its steps')
     timing: BatchTiming | None = None
+    # a decoupled model's responses, each as it is sent: (outputs or None, error, final); set
+    # by a protocol that can stream them (gRPC ModelStreamInfer). `on_done` then only says the
+    # request is complete (or failed).
+    on_response: Callable[[dict[str, np.ndarray] | None, Exception | None, bool], None] | None = (
+        None)
 
     def cancel(self) -> None:
         """Called from the protocol's loop when the client disconnects or cancels the call."""

@@ -120,6 +120,8 @@ class StubProcess:
         self.send_lock = threading.Lock()
         # what answers the model's BLS requests during a call (None: the model may send none)
         self.on_bls: Callable[[dict], None] | None = None
+        # what takes a decoupled model's responses, during a call and after its reply
+        self.on_response: Callable[[dict], None] | None = None
         with _live_lock:
             _live.add(self)
 
@@ -142,9 +144,8 @@ class StubProcess:
                 reply = self.conn.recv()
                 if reply.get("fd"):
                     reply["fd"] = recv_fd(self.sock)
-                if reply.get("op") != "bls":
+                if not self._dispatch(reply):
                     break
-                self._bls(reply)  # the model's BLS request; the call goes on
         except (EOFError, OSError):
             code = self.process.poll()
             raise InferError(
@@ -158,6 +159,36 @@ class StubProcess:
             status = Status.UNAVAILABLE if reply.get("no_space") else Status.INTERNAL
             raise InferError(f"{self.label}: {reply['error']}", status)
         return reply
+
+    def _dispatch(self, message: dict) -> bool:
+        """A message the model sent while a call runs (a BLS request, a decoupled response);
+        False for the call's reply."""
+        op = message.get("op")
+        if op == "bls":
+            self._bls(message)
+        elif op == "response" and self.on_response is not None:
+            self.on_response(message)
+        elif op == "response":
+            discard_fd(message)
+        else:
+            return False
+        return True
+
+    def pump(self) -> None:
+        """Read and dispatch one message after a call's reply: a decoupled model's responses
+        (or BLS requests) sent by its threads once execute() returned."""
+        with self.lock:
+            try:
+                message = self.conn.recv()
+                if message.get("fd"):
+                    message["fd"] = recv_fd(self.sock)
+            except (EOFError, OSError):
+                code = self.process.poll()
+                raise InferError(f"{self.label} stopped (exit code {code}) before its "
+                                 "responses were complete", Status.INTERNAL) from None  # fmt: skip
+            if not self._dispatch(message):
+                raise InferError(f"{self.label} sent '{message.get('op')}' between calls",
+                                 Status.INTERNAL)  # fmt: skip
 
     def _bls(self, message: dict) -> None:
         if self.on_bls is None:
@@ -243,10 +274,6 @@ class PythonBackend(Backend):
 
     def auto_complete(self, source: ModelSource, version: int) -> None:
         config = source.config
-        if config.model_transaction_policy.decoupled:
-            raise ValueError(
-                f"model '{source.name}': decoupled python models are not supported yet"
-            )
         model_file = source.model_file(version)
         if not model_file.exists():
             raise ValueError(
@@ -294,6 +321,11 @@ class PythonInstance(BackendInstance):
         self.models = models
         if models is not None:
             self.stub.on_bls = self._bls
+        self.decoupled = source.config.model_transaction_policy.decoupled
+        self._batch: list[InferRequest] = []  # the call's requests, for decoupled responses
+        self._open: set[int] = set()
+        if self.decoupled:
+            self.stub.on_response = self._response
         self.inputs = ShmArena()
         self.outputs = ShmArena()
         args = {
@@ -334,12 +366,21 @@ class PythonInstance(BackendInstance):
         t1 = time.perf_counter_ns()
         message = {"op": "execute", "shm_size": self.inputs.size,
                    "outputs_size": self.outputs.size, "requests": specs}  # fmt: skip
+        self._batch = requests
         try:
             reply = self.stub.call(message, fd=fd)
         except InferError:
             if fd is not None:  # the child may not hold the new file: reserve a fresh one next time
                 self.inputs.close()
             raise
+        if reply.get("decoupled"):
+            self._open = set(reply["open"])
+            while self._open:  # the model's threads finish the requests
+                self.stub.pump()
+            self._batch = []
+            timing.compute_input_ns = t1 - t0
+            timing.compute_infer_ns = time.perf_counter_ns() - t1
+            return [{} for _ in requests]  # complete: every response went out as it came
         t2 = time.perf_counter_ns()
         if reply["fd"] is not False:
             try:
@@ -362,6 +403,29 @@ class PythonInstance(BackendInstance):
         timing.compute_infer_ns = t2 - t1
         timing.compute_output_ns = t3 - t2
         return results
+
+    def _response(self, message: dict) -> None:
+        """One response of a decoupled model, handed to its request's stream at once."""
+        index = message.get("request")
+        if not isinstance(index, int) or not 0 <= index < len(self._batch):
+            discard_fd(message)
+            return
+        request = self._batch[index]
+        outputs, error = None, None
+        if message.get("error") is not None:
+            discard_fd(message)
+            error = InferError(str(message["error"]), Status.INTERNAL)
+        elif not message.get("empty"):
+            try:
+                outputs = unpack_tensors(message)
+            except (OSError, ValueError) as err:
+                error = InferError(f"{self.name}: a response cannot be read: {err}",
+                                   Status.INTERNAL)  # fmt: skip
+        final = bool(message.get("final"))
+        if final:
+            self._open.discard(index)
+        if request.on_response is not None and not request.cancelled:
+            request.on_response(outputs, error, final)
 
     def _bls(self, message: dict) -> None:
         """A BLS request of this model: an ordinary request to the named model (its batcher,

@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -277,9 +278,10 @@ class BlsClient:
     the stub's channel during execute(); the worker runs each on the named model's own scheduler
     and answers with a `bls_reply` carrying the same id. Replies may come in any order."""
 
-    def __init__(self, conn: Connection, sock: socket.socket):
+    def __init__(self, conn: Connection, sock: socket.socket, send_lock: threading.Lock):
         self.conn = conn
         self.sock = sock
+        self.send_lock = send_lock
         self.next_id = 0
         self.replies: dict[int, dict] = {}  # arrived, not yet taken
         self.futures: dict[int, asyncio.Future] = {}  # async_exec() calls waiting
@@ -290,14 +292,15 @@ class BlsClient:
         self.next_id += 1
         number = self.next_id
         fields, fd = pack_tensors([(t.name(), t.as_numpy()) for t in request.inputs()])
-        self.conn.send({
-            "op": "bls", "id": number, "model": request._model_name,
-            "version": request._model_version, "requested": request._requested,
-            "request_id": request._id, "correlation_id": request._correlation_id,
-            "flags": request._flags, "timeout": request._timeout,
-            "parameters": request._parameters, "fd": fd is not None, **fields,
-        })  # fmt: skip
-        send_fd(self.sock, fd)
+        with self.send_lock:
+            self.conn.send({
+                "op": "bls", "id": number, "model": request._model_name,
+                "version": request._model_version, "requested": request._requested,
+                "request_id": request._id, "correlation_id": request._correlation_id,
+                "flags": request._flags, "timeout": request._timeout,
+                "parameters": request._parameters, "fd": fd is not None, **fields,
+            })  # fmt: skip
+            send_fd(self.sock, fd)
         return number
 
     def call(self, request) -> pb_utils.InferenceResponse:
@@ -390,7 +393,12 @@ class Stub:
         self.model = None
         self.inputs = ShmArena()  # written by the worker, mapped here from the fd it sends
         self.outputs = ShmArena()  # written here, mapped by the worker
-        self.bls = BlsClient(conn, sock)
+        # every message out: replies, BLS requests and a decoupled model's responses, which
+        # its threads may send while execute() runs or after it returned
+        self.send_lock = threading.Lock()
+        self.decoupled = False
+        self.open: set[int] = set()  # a decoupled call's requests not yet sent their final flag
+        self.bls = BlsClient(conn, sock, self.send_lock)
         self.loop = asyncio.new_event_loop()  # for models whose execute() is a coroutine
         pb_utils._bls_client = self.bls
 
@@ -415,8 +423,11 @@ class Stub:
                 reply = {"error": str(err), "no_space": True}
             except Exception as err:
                 reply = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
-            self.conn.send(reply)
-            send_fd(self.sock, fd)
+            with self.send_lock:
+                if reply.get("decoupled"):  # the requests whose final flag comes after this
+                    reply["open"] = sorted(self.open)
+                self.conn.send(reply)
+                send_fd(self.sock, fd)
             if op == "finalize":
                 break
         self.outputs.close()
@@ -432,6 +443,8 @@ class Stub:
     def op_initialize(self, message: dict) -> dict:
         cls = load_model_class(message["model_file"])
         self.model = cls()
+        config = json.loads(message["args"]["model_config"])
+        self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
         if hasattr(self.model, "initialize"):
             self.model.initialize(message["args"])
         return {"ok": True, "pid": os.getpid()}
@@ -444,6 +457,8 @@ class Stub:
         if message["outputs_size"] != self.outputs.size:  # the worker lost our last file
             self.outputs.close()
         requests = [self._request(r) for r in message["requests"]]
+        if self.decoupled:
+            return self._execute_decoupled(requests)
         result = self.model.execute(requests)
         if inspect.isawaitable(result):  # async def execute (BLS with async_exec)
             try:
@@ -468,6 +483,49 @@ class Stub:
             per_request.append(layout[i : i + n])
             i += n
         return {"shm_size": self.outputs.size, "outputs": per_request, "errors": errors, "fd": fd}
+
+    def _execute_decoupled(self, requests: list) -> dict:
+        """A decoupled model answers through its requests' senders, each response sent to the
+        worker as it comes; the reply lists the requests still open (their final flag will
+        follow, from the model's threads)."""
+        self.open = set(range(len(requests)))
+        for index, request in enumerate(requests):
+            request._emit = lambda response, final, i=index: self._emit(i, response, final)
+        result = self.model.execute(requests)
+        if inspect.isawaitable(result):
+            try:
+                result = self.loop.run_until_complete(result)
+            finally:
+                self.bls.stop_watching()
+        if result is not None:
+            raise pb_utils.TritonModelException(
+                "a decoupled model's execute() returns None and answers through "
+                "request.get_response_sender()")  # fmt: skip
+        return {"decoupled": True}
+
+    def _emit(self, index: int, response, final: bool) -> None:
+        """One response of request `index` of the current call, sent now (any thread)."""
+        fields: dict = {}
+        fd = None
+        error = None
+        if response is not None:
+            if response.has_error():
+                err = response.error()
+                error = err.message() if err is not None else "error"
+            else:
+                fields, fd = pack_tensors(
+                    [(t.name(), t.as_numpy()) for t in response.output_tensors()])
+        message = {"op": "response", "request": index, "final": final, "error": error,
+                   "empty": response is None, "fd": fd is not None, **fields}  # fmt: skip
+        with self.send_lock:
+            if index not in self.open:
+                if fd is not None:
+                    os.close(fd)
+                raise pb_utils.TritonModelException("this request was already completed")
+            if final:
+                self.open.discard(index)
+            self.conn.send(message)
+            send_fd(self.sock, fd)
 
     def _request(self, spec: dict):
         inputs = [

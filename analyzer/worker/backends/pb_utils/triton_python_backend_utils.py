@@ -177,19 +177,30 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """Collects what a model sends through get_response_sender() for the stub to return."""
+    """What a model sends through get_response_sender(). A decoupled model's responses leave at
+    once, from any thread, during execute() or after it (`emit`, set by the stub); a model that
+    is not decoupled sends one, which the stub returns when execute() does."""
 
-    def __init__(self) -> None:
+    def __init__(self, emit=None) -> None:
         self.responses: list[InferenceResponse] = []
         self.closed = False
+        self._emit = emit  # (response or None, final) -> None
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self.closed:
             raise TritonModelException("response sender is already closed")
-        if response is not None:
-            self.responses.append(response)
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException("send() needs a response, the final flag, or both")
+        if final:
             self.closed = True
+        if self._emit is not None:
+            self._emit(response, final)
+        elif response is not None:
+            if self.responses:
+                raise TritonModelException(
+                    "a model that is not decoupled sends one response per request")
+            self.responses.append(response)
 
     def is_cancelled(self) -> bool:
         return False
@@ -223,6 +234,7 @@ class InferenceRequest:
             parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         )
         self._sender: InferenceResponseSender | None = None
+        self._emit = None  # set by the stub for a decoupled model's requests
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -247,7 +259,7 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            self._sender = InferenceResponseSender()
+            self._sender = InferenceResponseSender(self._emit)
         return self._sender
 
     def is_cancelled(self) -> bool:
