@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -635,3 +636,104 @@ def test_a_decoupled_model_is_refused_over_http_and_unary_grpc(decoupled_worker)
             tensor.set_data_from_numpy(data)
             with pytest.raises(InferenceServerException, match="is decoupled.*gRPC streaming"):
                 client.infer("repeat", [tensor])
+
+
+# ---- sequence batching ----------------------------------------------------------------------
+
+ACCUMULATE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """A running sum per sequence, kept in this instance: START resets it, END forgets it, and
+    every request is answered with the sum so far, its READY flag and its CORRID."""
+
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            get = lambda name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+            corrid = int(get("CORRID").reshape(-1)[0])
+            if get("START").reshape(-1)[0]:
+                self.sums[corrid] = 0
+            self.sums[corrid] += int(get("INPUT").reshape(-1)[0])
+            total = np.array([[self.sums[corrid], get("READY").reshape(-1)[0], corrid]],
+                             dtype=np.int64)
+            if get("END").reshape(-1)[0]:
+                del self.sums[corrid]
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", total)]))
+        return out
+'''
+
+SEQUENCE_CONFIG = """name: "accumulate"
+backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT64 dims: [ 3 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 300000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  STRATEGY
+}
+"""
+
+
+@pytest.fixture(scope="module", params=["direct { }", "oldest { max_candidate_sequences: 4 "
+                                        "max_queue_delay_microseconds: 1000 }"])  # fmt: skip
+def sequence_worker(request, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("sequence")
+    (repo / "accumulate" / "1").mkdir(parents=True)
+    (repo / "accumulate" / "1" / "model.py").write_text(ACCUMULATE)
+    (repo / "accumulate" / "config.pbtxt").write_text(
+        SEQUENCE_CONFIG.replace("STRATEGY", request.param))
+    served = start_worker(repo)
+    yield served
+    assert served.stop() == 0, "".join(served.output)
+
+
+def _step(module, url: str, corrid: int, value: int, start=False, end=False) -> list[int]:
+    with module.InferenceServerClient(url) as client:
+        tensor = module.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        result = client.infer("accumulate", [tensor], sequence_id=corrid, sequence_start=start,
+                              sequence_end=end)  # fmt: skip
+        return [int(x) for x in result.as_numpy("OUTPUT")[0]]
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_sequence_keeps_its_state_per_correlation_id(sequence_worker, module):
+    url = sequence_worker.http if module is httpclient else sequence_worker.grpc
+    a, b = 1001, 2002
+    assert _step(module, url, a, 5, start=True) == [5, 1, a]
+    assert _step(module, url, b, 100, start=True) == [100, 1, b]
+    assert _step(module, url, a, 6) == [11, 1, a]  # interleaved sequences keep their own sums
+    assert _step(module, url, b, 1) == [101, 1, b]
+    assert _step(module, url, a, 1, end=True) == [12, 1, a]
+    with pytest.raises(InferenceServerException, match=f"sequence {a} .*must specify the START"):
+        _step(module, url, a, 1)  # ended: continuing it needs a new START
+    with pytest.raises(InferenceServerException, match="non-zero or non-empty correlation ID"):
+        _step(module, url, 0, 1, start=True)
+    time.sleep(0.5)  # longer than max_sequence_idle_microseconds: b was released
+    with pytest.raises(InferenceServerException, match=f"sequence {b} .*must specify the START"):
+        _step(module, url, b, 1)
+
+
+def test_perf_analyzer_drives_sequences(sequence_worker, tmp_path: Path):
+    """perf_analyzer's sequence mode: C sequences at a time, each of --sequence-length
+    requests with START and END; a request the worker refused would make it fail."""
+    cmd = [str(PERF_ANALYZER), "-m", "accumulate", "-u", sequence_worker.grpc, "-i", "grpc",
+           "--concurrency-range", "4", "--sequence-length", "5", "--sequence-id-range",
+           "1:1000", "-p", "500", "-s", "100", "-r", "30",
+           "-f", str(tmp_path / "pa.csv")]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"Sequence count: [1-9]", run.stdout), run.stdout

@@ -33,7 +33,7 @@ from analyzer.worker.http import server_metadata
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.names import check_model_name
-from analyzer.worker.params import natural_param, sequence_param
+from analyzer.worker.params import natural_param, sequence_flags, sequence_param
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
 from analyzer.worker.validate import check_once
@@ -218,6 +218,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             priority=natural_param(params, "priority"),
             timeout_us=natural_param(params, "timeout"),
             correlation_id=sequence_param(params),
+            flags=sequence_flags(params),
         )
 
     def submit_bytes(self, data: bytes, on_done,

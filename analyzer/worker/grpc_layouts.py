@@ -101,6 +101,7 @@ class Layout:
     priority: int
     timeout: int
     correlation: int | str
+    flags: int
     checked: dict  # batch size by the model versions' validators that accepted the layout
 
     def request(self, data: bytes, on_done, arrival_ns: int, base: int,
@@ -123,6 +124,7 @@ class Layout:
             priority=self.priority,
             timeout_us=self.timeout,
             correlation_id=self.correlation,
+            flags=self.flags,
         )
 
 
@@ -204,5 +206,6 @@ class Layouts:
             priority=accepted.priority,
             timeout=accepted.timeout_us,
             correlation=accepted.correlation_id,
+            flags=accepted.flags,
             checked={},
         )

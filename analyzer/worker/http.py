@@ -224,6 +224,7 @@ class RestApi:
             priority=plan.priority,
             timeout_us=plan.timeout,
             correlation_id=plan.correlation,
+            flags=plan.flags,
         )
         http.on_disconnect(request.cancel)
         if plan.checked is not None:  # a kept plan: its layout is checked once per model version

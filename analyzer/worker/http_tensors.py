@@ -29,6 +29,7 @@ from analyzer.worker.params import (
     _parse_json,
     flag_param,
     natural_param,
+    sequence_flags,
     sequence_param,
     show_value,
 )
@@ -81,6 +82,7 @@ class _Plan:
     priority: int
     timeout: int
     correlation: int | str
+    flags: int
     heads: dict | None  # response heads by output layout; None when the plan is not kept
     checked: dict | None  # batch size by the model versions' validators that accepted it
 
@@ -171,6 +173,7 @@ def _make_plan(header: dict, keep: bool) -> _Plan:
         priority=natural_param(params, "priority"),
         timeout=natural_param(params, "timeout"),
         correlation=sequence_param(params),
+        flags=sequence_flags(params),
         heads={} if keep else None,
         checked={} if keep else None,
     )

@@ -18,6 +18,7 @@ from analyzer.worker.errors import InferError, Status
 from analyzer.worker.instances import InstanceRunner
 from analyzer.worker.limits import Limits
 from analyzer.worker.request import InferRequest
+from analyzer.worker.sequence import SequenceScheduler
 from analyzer.worker.stats import ModelStats
 from analyzer.worker.validate import RequestValidator
 
@@ -50,7 +51,10 @@ class ModelVersion:
         self.config: ModelConfig = source.config
         self.stats = ModelStats(self.name, version)
         self._order = _OrderedDelivery() if self._preserve_ordering() else None
-        self.scheduler = Scheduler(self.config, self.stats, self._deliver)
+        self.sequences = self.config.HasField("sequence_batching")
+        self.scheduler: Scheduler | SequenceScheduler = (
+            SequenceScheduler(self.config, self.stats, self._deliver) if self.sequences
+            else Scheduler(self.config, self.stats, self._deliver))  # fmt: skip
         self.validator = RequestValidator(self.config)
         self.runners: list[InstanceRunner] = []
         self.decoupled = self.config.model_transaction_policy.decoupled
@@ -65,14 +69,18 @@ class ModelVersion:
         if self.decoupled and self.source.backend != "python":
             raise ValueError(f"model '{self.name}': model_transaction_policy.decoupled is "
                              "supported for python models only")  # fmt: skip
-        if self.config.HasField("sequence_batching"):  # refuse rather than serve it wrongly
-            raise ValueError(f"model '{self.name}': sequence_batching is not supported by this "
-                             "worker")  # fmt: skip
+        if self.sequences and self.config.sequence_batching.state:  # refuse, not serve wrongly
+            raise ValueError(f"model '{self.name}': sequence_batching.state (implicit state) is "
+                             "not supported by this worker")  # fmt: skip
         specs = instance_specs(self.config, self.backend.gpu_capable(), self.max_instance_count)
+        if isinstance(self.scheduler, SequenceScheduler):
+            self.scheduler.set_instances(len(specs))
         try:
-            for spec in specs:
+            for index, spec in enumerate(specs):
                 instance = self.backend.create_instance(self.source, self.version, spec)
-                runner = InstanceRunner(spec, instance, self.scheduler, self.stats, self._deliver)
+                lane = (self.scheduler.lane(index) if isinstance(self.scheduler, SequenceScheduler)
+                        else self.scheduler)  # fmt: skip
+                runner = InstanceRunner(spec, instance, lane, self.stats, self._deliver)
                 self.runners.append(runner)
             for runner in self.runners:
                 runner.start()

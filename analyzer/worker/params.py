@@ -62,3 +62,15 @@ def sequence_param(params: dict) -> int | str:
             f"parameter 'sequence_id' must be an integer or a string, got {show_value(value)}"
         )
     return value
+
+
+SEQUENCE_START, SEQUENCE_END = 1, 2  # Triton's request flags
+
+
+def sequence_flags(params: dict) -> int:
+    """The request's sequence flags from 'sequence_start' and 'sequence_end' (booleans)."""
+    flags = 0
+    for key, bit in (("sequence_start", SEQUENCE_START), ("sequence_end", SEQUENCE_END)):
+        if key in params and flag_param(params, key):
+            flags |= bit
+    return flags

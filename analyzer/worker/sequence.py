@@ -1,0 +1,267 @@
+"""Triton's sequence batcher for stateful models (`sequence_batching`).
+
+Every sequence -- the requests sharing one correlation id, from the one flagged START to the one
+flagged END -- lives on one model instance for its whole life (the instance with the fewest live
+sequences when it starts), so a model that keeps state per sequence finds it there. Each instance
+has its own queue ("lane"); a batch takes at most one request per sequence, oldest first, up to
+max_batch_size. With the `direct` strategy a batch leaves as soon as the instance is free; with
+`oldest` it may wait up to `max_queue_delay_microseconds` for a preferred or full batch.
+
+The control inputs the config declares are added to each request before it is queued: START and
+END (1 on the request that carries the flag), READY (1: every request in a batch is a ready one;
+batches are not padded with empty slots, the one difference from Triton's direct strategy a
+model could see) and CORRID (the correlation id, in the control's data type).
+
+A request without a correlation id, or one that continues a sequence never started (or ended,
+or idle for longer than `max_sequence_idle_microseconds`, 1 s by default) is refused with
+Triton's message. Live sequences are bounded (`MAX_SEQUENCES`): a START beyond it is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2
+
+from analyzer.config.model_config import ModelConfig
+from analyzer.datatypes import WIRE_TO_NUMPY, config_to_wire
+from analyzer.worker.errors import InferError, Status
+from analyzer.worker.params import SEQUENCE_END, SEQUENCE_START
+from analyzer.worker.request import InferRequest
+from analyzer.worker.stats import ModelStats
+
+Kind = model_config_pb2.ModelSequenceBatching.Control.Kind
+MAX_SEQUENCES = 4096  # live sequences per model version
+DEFAULT_IDLE_US = 1_000_000
+Deliver = Callable[[InferRequest, dict | None, Exception | None], None]
+
+
+@dataclass(frozen=True)
+class Control:
+    """One control input: its tensor's name, which signal it carries, and how."""
+
+    name: str
+    kind: int
+    wire: str
+    false_true: tuple[float, float] = (0, 1)
+
+
+def controls_of(config: ModelConfig) -> list[Control]:
+    out = []
+    for spec in config.sequence_batching.control_input:
+        for control in spec.control:
+            if control.kind == Kind.CONTROL_SEQUENCE_CORRID:
+                wire = config_to_wire(model_config_pb2.DataType.Name(control.data_type))
+                out.append(Control(spec.name, control.kind, wire))
+            elif control.int32_false_true:
+                out.append(Control(spec.name, control.kind, "INT32",
+                                   tuple(control.int32_false_true)))  # type: ignore[arg-type]
+            elif control.fp32_false_true:
+                out.append(Control(spec.name, control.kind, "FP32",
+                                   tuple(control.fp32_false_true)))  # type: ignore[arg-type]
+            elif control.bool_false_true:
+                out.append(Control(spec.name, control.kind, "BOOL",
+                                   tuple(control.bool_false_true)))  # type: ignore[arg-type]
+            else:
+                raise ValueError(f"model '{config.name}': control input '{spec.name}' gives "
+                                 "no int32_false_true, fp32_false_true or bool_false_true")
+    return out
+
+
+@dataclass
+class _Sequence:
+    lane: int
+    last_ns: int
+    ending: bool = False  # its END request is queued: released when it is taken
+
+
+@dataclass
+class _Lane:
+    queue: deque[InferRequest] = field(default_factory=deque)
+    live: int = 0  # sequences assigned to this instance
+
+
+class SequenceScheduler:
+    def __init__(self, config: ModelConfig, stats: ModelStats, deliver: Deliver):
+        self.stats = stats
+        self.deliver = deliver
+        self.name = config.name
+        sb = config.sequence_batching
+        self.batching = config.max_batch_size > 0
+        self.max_batch = max(config.max_batch_size, 1)
+        self.oldest = sb.WhichOneof("strategy_choice") == "oldest"
+        self.delay_ns = sb.oldest.max_queue_delay_microseconds * 1000 if self.oldest else 0
+        preferred = list(sb.oldest.preferred_batch_size) if self.oldest else []
+        self.target = max([p for p in preferred if p <= self.max_batch] or [self.max_batch])
+        self.idle_ns = (sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
+        self.controls = controls_of(config)
+        self.lanes: list[_Lane] = [_Lane()]
+        self.sequences: dict[int | str, _Sequence] = {}
+        self._cond = threading.Condition(threading.Lock())
+        self._size = 0
+        self._closed = False
+
+    def set_instances(self, count: int) -> None:
+        self.lanes = [_Lane() for _ in range(max(count, 1))]
+
+    def lane(self, index: int) -> _LaneView:
+        """What instance `index`'s runner pulls its batches from."""
+        return _LaneView(self, index)
+
+    @property
+    def pending(self) -> int:
+        return self._size
+
+    # ---- requests in ---------------------------------------------------------------------------
+    def enqueue(self, request: InferRequest) -> None:
+        corrid = request.correlation_id
+        if corrid == 0 or corrid == "":
+            raise InferError(f"inference request to model '{self.name}' must specify a non-zero "
+                             "or non-empty correlation ID")  # fmt: skip
+        if self.batching and request.batch_size != 1:
+            raise InferError(f"inference request to model '{self.name}' is part of a sequence: "
+                             f"its batch size must be 1, got {request.batch_size}")  # fmt: skip
+        self._add_controls(request)
+        now = time.perf_counter_ns()
+        request.queue_start_ns = now
+        with self._cond:
+            if self._closed:
+                raise InferError(f"model '{self.name}' is unloading", Status.UNAVAILABLE)
+            self._release_idle(now)
+            sequence = self.sequences.get(corrid)
+            if request.flags & SEQUENCE_START:
+                if sequence is None:
+                    if len(self.sequences) >= MAX_SEQUENCES:
+                        raise InferError(f"model '{self.name}' has {MAX_SEQUENCES} live "
+                                         "sequences; end one before starting another",
+                                         Status.UNAVAILABLE)  # fmt: skip
+                    lane = min(range(len(self.lanes)), key=lambda i: self.lanes[i].live)
+                    sequence = self.sequences[corrid] = _Sequence(lane, now)
+                    self.lanes[lane].live += 1
+                sequence.ending = False
+            elif sequence is None or sequence.ending:
+                raise InferError(f"inference request for sequence {corrid} to model "
+                                 f"'{self.name}' must specify the START flag on the first "
+                                 "request of the sequence")  # fmt: skip
+            sequence.last_ns = now
+            if request.flags & SEQUENCE_END:
+                sequence.ending = True
+            self.lanes[sequence.lane].queue.append(request)
+            self._size += 1
+            self._cond.notify_all()
+
+    def _add_controls(self, request: InferRequest) -> None:
+        lead = (1,) if self.batching else ()
+        for control in self.controls:
+            if control.kind == Kind.CONTROL_SEQUENCE_CORRID:
+                dtype = WIRE_TO_NUMPY.get(control.wire, np.dtype(np.object_))
+                value = (str(request.correlation_id).encode() if control.wire == "BYTES"
+                         else request.correlation_id)  # fmt: skip
+                try:
+                    array = np.array([value], dtype=dtype).reshape(lead + (1,))
+                except (ValueError, OverflowError, TypeError):
+                    raise InferError(f"correlation ID {request.correlation_id!r} does not "
+                                     f"fit control input '{control.name}' ({control.wire})"
+                                     ) from None  # fmt: skip
+            else:
+                on = {Kind.CONTROL_SEQUENCE_START: request.flags & SEQUENCE_START,
+                      Kind.CONTROL_SEQUENCE_END: request.flags & SEQUENCE_END,
+                      Kind.CONTROL_SEQUENCE_READY: True}.get(control.kind, False)  # fmt: skip
+                value = control.false_true[1 if on else 0]
+                array = np.full(lead + (1,), value, dtype=WIRE_TO_NUMPY[control.wire])
+            request.inputs[control.name] = array
+            request.wire_types[control.name] = control.wire
+
+    def _release_idle(self, now: int) -> None:
+        """Sequences with no request for longer than the idle time, and none queued, end."""
+        stale = [c for c, s in self.sequences.items() if now - s.last_ns > self.idle_ns
+                 and not any(r.correlation_id == c for r in self.lanes[s.lane].queue)]  # fmt: skip
+        for corrid in stale:
+            self._release(corrid)
+
+    def _release(self, corrid: int | str) -> None:
+        sequence = self.sequences.pop(corrid, None)
+        if sequence is not None:
+            self.lanes[sequence.lane].live -= 1
+
+    # ---- batches out ---------------------------------------------------------------------------
+    def next_batch(self, lane_index: int) -> list[InferRequest] | None:
+        """Block until instance `lane_index` has a batch due; None once closed."""
+        lane = self.lanes[lane_index]
+        dropped: list[InferRequest] = []
+        try:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return None
+                    batch, wait_ns = self._form(lane, dropped)
+                    if batch:
+                        return batch
+                    if dropped:
+                        return []
+                    self._cond.wait(wait_ns / 1e9 if wait_ns else self.idle_ns / 1e9)
+                    self._release_idle(time.perf_counter_ns())
+        finally:
+            for request in dropped:  # answered outside the lock, as any other completion
+                self.stats.record_failure(request)
+                self.deliver(request, None, InferError("request was cancelled",
+                                                       Status.UNAVAILABLE))  # fmt: skip
+
+    def _form(self, lane: _Lane, dropped: list[InferRequest]) -> tuple[list[InferRequest], int]:
+        """At most one request per sequence, oldest first, up to max_batch_size."""
+        batch: list[InferRequest] = []
+        seen: set[int | str] = set()
+        for request in lane.queue:
+            if request.cancelled:
+                dropped.append(request)
+            elif request.correlation_id not in seen and len(batch) < self.max_batch:
+                seen.add(request.correlation_id)
+                batch.append(request)
+        if dropped:
+            for request in dropped:
+                lane.queue.remove(request)
+                self._size -= 1
+            return [], 0
+        if not batch:
+            return [], 0
+        if self.oldest and len(batch) < self.target:
+            waited = time.perf_counter_ns() - batch[0].queue_start_ns
+            if waited < self.delay_ns:
+                return [], self.delay_ns - waited
+        for request in batch:
+            lane.queue.remove(request)
+            self._size -= 1
+            sequence = self.sequences.get(request.correlation_id)
+            if request.flags & SEQUENCE_END and sequence is not None and sequence.ending:
+                self._release(request.correlation_id)
+        return batch, 0
+
+    def close(self) -> list[InferRequest]:
+        with self._cond:
+            self._closed = True
+            leftover = [r for lane in self.lanes for r in lane.queue]
+            for lane in self.lanes:
+                lane.queue.clear()
+            self._size = 0
+            self.sequences.clear()
+            self._cond.notify_all()
+        return leftover
+
+
+class _LaneView:
+    """One instance's side of the sequence batcher (what an InstanceRunner calls)."""
+
+    def __init__(self, scheduler: SequenceScheduler, index: int):
+        self.scheduler = scheduler
+        self.index = index
+
+    def next_batch(self) -> list[InferRequest] | None:
+        while True:
+            batch = self.scheduler.next_batch(self.index)
+            if batch is None or batch:
+                return batch
