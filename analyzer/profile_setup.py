@@ -156,12 +156,10 @@ def search_strategy(
     limits = search_limits(c, spec, source)
     mode = c.run_config_search_mode
     if parts is not None and not limits.search_disable:
-        if source.backend == ENSEMBLE:  # its batch goes to every step
-            axes = [Part(n, s.config.max_batch_size, source.config.max_batch_size)
-                    for n, s in parts.items()]  # fmt: skip
-        else:  # a BLS model: its own knobs too
-            axes = [Part(n, s.config.max_batch_size) for n, s in [(source.name, source),
-                                                                   *parts.items()]]  # fmt: skip
+        # an ensemble's own max_batch_size follows its composing variants' (composed_variant);
+        # a BLS model has knobs of its own too
+        own = [] if source.backend == ENSEMBLE else [(source.name, source)]
+        axes = [Part(n, s.config.max_batch_size) for n, s in [*own, *parts.items()]]
         return ComposedQuickSearch(space, limits, axes, top_configs=c.num_configs_per_model)
     if mode == "brute" or limits.manual or limits.search_disable:
         return BruteSearch(space, limits)

@@ -389,8 +389,7 @@ class Profiler:
             config = (make_variant(source.config, own_params, cpu_only) if own_params
                       else default_variant(source.config, cpu_only))  # fmt: skip
             return config, config, composing
-        variants = {p: v for p, (v, _) in composing.items()}
-        return composed_variant(source.config, variants), source.config, composing
+        return composed_variant(source.config, composing), source.config, composing
 
     # ---- the worker session, as the final comparison uses it -----------------------------------
     def ensure_launcher(self) -> Launcher:

@@ -137,15 +137,20 @@ def describe(config: ModelConfig) -> dict[str, Any]:
     }
 
 
-def composed_variant(config: ModelConfig, variants: dict[str, str]) -> ModelConfig:
+def composed_variant(config: ModelConfig, variants: dict[str, tuple[str, ModelConfig]]
+                     ) -> ModelConfig:  # fmt: skip
     """An ensemble's config whose steps call the composing variants `variants` (model name ->
-    variant folder name) instead of the models themselves."""
+    (variant folder name, its config)) instead of the models themselves. A batching ensemble
+    takes no bigger batch than its smallest composing variant (every step gets the whole batch)."""
     out = ModelConfig()
     out.CopyFrom(config)
     for step in out.ensemble_scheduling.step:
         if step.model_name in variants:
-            step.model_name = variants[step.model_name]
+            step.model_name = variants[step.model_name][0]
             step.model_version = -1
+    if out.max_batch_size > 0:
+        sizes = [c.max_batch_size for _, c in variants.values() if c.max_batch_size > 0]
+        out.max_batch_size = min([out.max_batch_size, *sizes])
     return out
 
 

@@ -23,11 +23,10 @@ from analyzer.search.space import SearchSpace
 @dataclass(frozen=True)
 class Part:
     """One composing model's axes: its own max_batch_size (0: it does not batch, only its
-    instances are searched) and the smallest it may take (the ensemble's own batch)."""
+    instances are searched)."""
 
     name: str
     own_max_batch_size: int
-    min_batch: int = 1
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,7 @@ class ComposedQuickSearch(QuickSearch):
                  top_configs: int = 3, min_gain: float = 0.01) -> None:  # fmt: skip
         super().__init__(space, limits, top_configs, min_gain)
         self.parts = parts
-        # each part's max batch sizes: at least the ensemble's batch, as loading requires
-        self.part_sizes = [[s for s in self.sizes if s >= max(p.min_batch, 1)] or [self.sizes[-1]]
-                           for p in parts]  # fmt: skip
+        self.part_sizes = [list(self.sizes) for _ in parts]
 
     def _params(self, state: ComposedState) -> dict[str, Any]:  # type: ignore[override]
         out: dict[str, Any] = {}
