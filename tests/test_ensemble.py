@@ -572,6 +572,36 @@ class TritonPythonModel:
 '''
 
 
+FAN_IN = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Calls `repeat` with exec(decoupled=True) and async_exec(decoupled=True): each answer is
+    (sum of the values, number of responses with outputs, whether the last was empty)."""
+
+    async def execute(self, requests):
+        out = []
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            call = lambda: pb_utils.InferenceRequest(
+                model_name="repeat", inputs=[pb_utils.Tensor("IN", values)],
+                requested_output_names=["OUT"])
+            seen = [r for r in call().exec(decoupled=True)]
+            streamed = [r async for r in await call().async_exec(decoupled=True)]
+            row = []
+            for responses in (seen, streamed):
+                assert not any(r.has_error() for r in responses)
+                full = [r for r in responses if r.output_tensors()]
+                row += [sum(int(pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0])
+                            for r in full), len(full), int(not responses[-1].output_tensors())]
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("SUMMARY", np.array(row, dtype=np.int64))]))
+        return out
+'''
+
+
 @pytest.fixture(scope="module")
 def decoupled_worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("decoupled")
@@ -581,6 +611,12 @@ def decoupled_worker(tmp_path_factory):
         'name: "repeat" backend: "python" model_transaction_policy { decoupled: true }\n'
         'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
         'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (repo / "fan_in" / "1").mkdir(parents=True)
+    (repo / "fan_in" / "1" / "model.py").write_text(FAN_IN)
+    (repo / "fan_in" / "config.pbtxt").write_text(
+        'name: "fan_in" backend: "python"\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "SUMMARY" data_type: TYPE_INT64 dims: [ 6 ] } ]\n')
     served = start_worker(repo)
     yield served
     assert served.stop() == 0, "".join(served.output)
@@ -737,3 +773,12 @@ def test_perf_analyzer_drives_sequences(sequence_worker, tmp_path: Path):
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
     assert re.search(r"Sequence count: [1-9]", run.stdout), run.stdout
+
+
+def test_bls_exec_decoupled_iterates_over_a_decoupled_models_responses(decoupled_worker):
+    with httpclient.InferenceServerClient(decoupled_worker.http) as client:
+        tensor = httpclient.InferInput("IN", [4], "INT32")
+        tensor.set_data_from_numpy(np.array([1, 2, 3, 4], dtype=np.int32))
+        summary = client.infer("fan_in", [tensor]).as_numpy("SUMMARY").tolist()
+    # both ways: the four values, four responses with outputs, then the final flag alone
+    assert summary == [10, 4, 1, 10, 4, 1]

@@ -198,8 +198,10 @@ class StubProcess:
             return
         self.on_bls(message)
 
-    def reply_bls(self, number: int, outputs: dict | None, error: Exception | None) -> None:
-        """Answer BLS request `number` (from any thread); a stub that is gone is not an error."""
+    def reply_bls(self, number: int, outputs: dict | None, error: Exception | None,
+                  final: bool = True) -> None:  # fmt: skip
+        """Answer BLS request `number` (from any thread); a stub that is gone is not an error.
+        `final` False: one response of a decoupled call, more to come."""
         if error is None and outputs is not None:
             try:
                 fields, fd = pack_tensors(list(outputs.items()))
@@ -207,7 +209,8 @@ class StubProcess:
                 fields, fd, error = {}, None, InferError(f"BLS outputs cannot be sent: {err}")
         else:
             fields, fd = {}, None
-        message = {"op": "bls_reply", "id": number, "fd": fd is not None, **fields}
+        message = {"op": "bls_reply", "id": number, "fd": fd is not None, "final": final,
+                   **fields}  # fmt: skip
         if error is not None:
             message["error"] = str(error)
             message["code"] = _TRITON_CODES.get(getattr(error, "status", None), 1)
@@ -445,11 +448,12 @@ class PythonInstance(BackendInstance):
             model = self.models.get(name, "" if version < 0 else str(version))
             parameters = message["parameters"]
             now = time.perf_counter_ns()
+            on_done, on_response = self._bls_answers(number, bool(message.get("decoupled")))
             request = InferRequest(
                 model_name=name, inputs=inputs,
                 wire_types={t[0]: t[1] for t in message["tensors"]},
                 requested_outputs=list(message["requested"]) or None,
-                on_done=lambda outputs, error: self.stub.reply_bls(number, outputs, error),
+                on_done=on_done, on_response=on_response,
                 id=str(message["request_id"]),
                 parameters=json.loads(parameters) if isinstance(parameters, str) else {},
                 timeout_us=int(message["timeout"]), arrival_ns=now, queue_start_ns=now,
@@ -460,6 +464,26 @@ class PythonInstance(BackendInstance):
             self.stub.reply_bls(number, None, err)
         except Exception as err:  # a malformed request must not stop the call that sent it
             self.stub.reply_bls(number, None, InferError(f"{type(err).__name__}: {err}"))
+
+    def _bls_answers(self, number: int, decoupled: bool):
+        """(on_done, on_response) of a BLS request: one reply; or, for exec(decoupled=True),
+        one reply per response, the last flagged final (a model that is not decoupled answers
+        once, final)."""
+        reply = self.stub.reply_bls
+        if not decoupled:
+            return (lambda outputs, error: reply(number, outputs, error)), None
+        ended = [False]
+
+        def on_response(outputs, error, final: bool) -> None:
+            ended[0] = ended[0] or final
+            reply(number, outputs, error, final=final)
+
+        def on_done(outputs, error) -> None:
+            if not ended[0]:  # a model that is not decoupled, or a failure: the last answer
+                ended[0] = True
+                reply(number, outputs or None, error, final=True)
+
+        return on_done, on_response
 
     def finalize(self) -> None:
         self.stub.stop()

@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -286,9 +287,11 @@ class BlsClient:
         self.replies: dict[int, dict] = {}  # arrived, not yet taken
         self.futures: dict[int, asyncio.Future] = {}  # async_exec() calls waiting
         self.abandoned: set[int] = set()  # timed out: their late replies are dropped
+        # exec(decoupled=True) calls: their responses as they arrive (async: a queue)
+        self.streams: dict[int, deque[dict] | asyncio.Queue[dict]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None  # watching the channel, when async
 
-    def send(self, request) -> int:
+    def send(self, request, decoupled: bool = False) -> int:
         self.next_id += 1
         number = self.next_id
         fields, fd = pack_tensors([(t.name(), t.as_numpy()) for t in request.inputs()])
@@ -298,7 +301,8 @@ class BlsClient:
                 "version": request._model_version, "requested": request._requested,
                 "request_id": request._id, "correlation_id": request._correlation_id,
                 "flags": request._flags, "timeout": request._timeout,
-                "parameters": request._parameters, "fd": fd is not None, **fields,
+                "parameters": request._parameters, "decoupled": decoupled,
+                "fd": fd is not None, **fields,
             })  # fmt: skip
             send_fd(self.sock, fd)
         return number
@@ -315,6 +319,60 @@ class BlsClient:
                 return _timed_out(request)
             self.read_one()
         return _response(self.replies.pop(number))
+
+    def call_decoupled(self, request):
+        """exec(decoupled=True): an iterator over the responses as they come; the last one is
+        the final flag (an empty response when the model sent the flag alone)."""
+        number = self.send(request, decoupled=True)
+        stream: deque[dict] = deque()
+        self.streams[number] = stream
+        timeout = request._timeout / 1e6 if request._timeout > 0 else None
+
+        def responses():
+            try:
+                while True:
+                    while not stream:
+                        if timeout is not None and not self.conn.poll(timeout):
+                            self.abandoned.add(number)
+                            yield _timed_out(request)
+                            return
+                        self.read_one()
+                    message = stream.popleft()
+                    yield _response(message)
+                    if message.get("final", True):
+                        return
+            finally:
+                self.streams.pop(number, None)
+
+        return responses()
+
+    async def call_async_decoupled(self, request):
+        """async_exec(decoupled=True): an async iterator over the responses as they come."""
+        loop = asyncio.get_running_loop()
+        number = self.send(request, decoupled=True)
+        queue: asyncio.Queue[dict] = asyncio.Queue()
+        self.streams[number] = queue
+        if self.loop is not loop:
+            loop.add_reader(self.conn.fileno(), self._readable)
+            self.loop = loop
+        timeout = request._timeout / 1e6 if request._timeout > 0 else None
+
+        async def responses():
+            try:
+                while True:
+                    try:
+                        message = await asyncio.wait_for(queue.get(), timeout)
+                    except TimeoutError:
+                        self.abandoned.add(number)
+                        yield _timed_out(request)
+                        return
+                    yield _response(message)
+                    if message.get("final", True):
+                        return
+            finally:
+                self.streams.pop(number, None)
+
+        return responses()
 
     async def call_async(self, request) -> pb_utils.InferenceResponse:
         """async_exec(): send, then wait on a future the channel's reader resolves."""
@@ -356,7 +414,13 @@ class BlsClient:
         except (OSError, ValueError) as err:
             message["error"] = f"the BLS reply's tensors cannot be read: {err}"
         if number in self.abandoned:
-            self.abandoned.discard(number)
+            if message.get("final", True):
+                self.abandoned.discard(number)
+            return
+        stream = self.streams.get(number)
+        if stream is not None:  # exec(decoupled=True): one message per response
+            stream.put_nowait(message) if isinstance(stream, asyncio.Queue) else stream.append(
+                message)  # fmt: skip
             return
         future = self.futures.pop(number, None)
         if future is not None and not future.done():

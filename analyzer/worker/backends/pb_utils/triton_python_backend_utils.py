@@ -265,23 +265,25 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """BLS: run this request on model `model_name` through the worker's own scheduling."""
-        return _bls(decoupled).call(self)
+    def exec(self, decoupled: bool = False):
+        """BLS: run this request on model `model_name` through the worker's own scheduling;
+        `decoupled`: an iterator over its responses, the last the final flag."""
+        if decoupled:
+            return _bls().call_decoupled(self)
+        return _bls().call(self)
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        """BLS, awaitable: several calls gathered run side by side."""
-        return await _bls(decoupled).call_async(self)
+    async def async_exec(self, decoupled: bool = False):
+        """BLS, awaitable: several calls gathered run side by side; `decoupled`: an async
+        iterator over the responses."""
+        if decoupled:
+            return await _bls().call_async_decoupled(self)
+        return await _bls().call_async(self)
 
 
 _bls_client = None  # the stub's BlsClient, set when the stub starts
 
 
-def _bls(decoupled: bool):
-    if decoupled:
-        raise TritonModelException(
-            "exec(decoupled=True) is not supported by this worker: decoupled models are not yet"
-        )
+def _bls():
     if _bls_client is None:
         raise TritonModelException("BLS requests can be sent only by a model the worker runs")
     return _bls_client
