@@ -452,8 +452,10 @@ def _profile(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(SEED),
          "--output-model-repository-path", "OUT", "--export-path", "EXP",
-         "--run-config-search-max-concurrency", "4", "--run-config-search-max-instance-count",
-         "2", "--measurement-interval", "300", "--max-trials", "3", "--client-protocol", "http",
+         # the seed command's caps (blog post 003)
+         "--run-config-search-max-concurrency", "2", "--run-config-search-max-model-batch-size",
+         "2", "--run-config-search-max-instance-count", "2",
+         "--measurement-interval", "300", "--max-trials", "3", "--client-protocol", "http",
          *args],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
         env={**os.environ, "COLUMNS": "200"},

@@ -111,12 +111,17 @@ def test_unsupported_scheduling_is_refused_not_ignored(tmp_path):
 
     shutil.copytree(EXAMPLES / "tiny_cnn", tmp_path / "tiny_cnn")
     config = tmp_path / "tiny_cnn" / "config.pbtxt"
-    config.write_text(config.read_text() + "\nsequence_batching {}\n")
+    original = config.read_text()
+    config.write_text(original + "\nsequence_batching { state [ { input_name: \"S_IN\" "
+                      "output_name: \"S_OUT\" data_type: TYPE_FP32 dims: [ 1 ] } ] }\n")
     errors = ModelManager(tmp_path).startup([])
     assert errors == [
-        "failed to load 'tiny_cnn': model 'tiny_cnn': sequence_batching is not supported "
-        "by this worker"
+        "failed to load 'tiny_cnn': model 'tiny_cnn': sequence_batching.state (implicit state) "
+        "is not supported by this worker"
     ]
+    config.write_text(original + "\nensemble_scheduling { step [ { model_name: \"x\" } ] }\n")
+    errors = ModelManager(tmp_path).startup([])
+    assert len(errors) == 1 and 'ensemble_scheduling needs platform: "ensemble"' in errors[0]
 
 
 @pytest.mark.parametrize(

@@ -310,7 +310,7 @@ class BlsClient:
     def call(self, request) -> pb_utils.InferenceResponse:
         """exec(): send, then read the channel until this call's reply (others are kept)."""
         number = self.send(request)
-        timeout = request._timeout / 1e6 if request._timeout > 0 else None
+        timeout = _seconds(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         while number not in self.replies:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -326,7 +326,7 @@ class BlsClient:
         number = self.send(request, decoupled=True)
         stream: deque[dict] = deque()
         self.streams[number] = stream
-        timeout = request._timeout / 1e6 if request._timeout > 0 else None
+        timeout = _seconds(request)
 
         def responses():
             try:
@@ -352,10 +352,8 @@ class BlsClient:
         number = self.send(request, decoupled=True)
         queue: asyncio.Queue[dict] = asyncio.Queue()
         self.streams[number] = queue
-        if self.loop is not loop:
-            loop.add_reader(self.conn.fileno(), self._readable)
-            self.loop = loop
-        timeout = request._timeout / 1e6 if request._timeout > 0 else None
+        self._watch(loop)
+        timeout = _seconds(request)
 
         async def responses():
             try:
@@ -380,10 +378,8 @@ class BlsClient:
         number = self.send(request)
         future = loop.create_future()
         self.futures[number] = future
-        if self.loop is not loop:
-            loop.add_reader(self.conn.fileno(), self._readable)
-            self.loop = loop
-        timeout = request._timeout / 1e6 if request._timeout > 0 else None
+        self._watch(loop)
+        timeout = _seconds(request)
         try:
             reply = await asyncio.wait_for(future, timeout)
         except TimeoutError:
@@ -391,6 +387,12 @@ class BlsClient:
             self.abandoned.add(number)
             return _timed_out(request)
         return _response(reply)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Replies to async calls are read by the loop when the channel is readable."""
+        if self.loop is not loop:
+            loop.add_reader(self.conn.fileno(), self._readable)
+            self.loop = loop
 
     def _readable(self) -> None:
         while self.conn.poll(0):
@@ -439,6 +441,11 @@ def _response(reply: dict) -> pb_utils.InferenceResponse:
         return _error_response(reply["error"], reply.get("code", pb_utils.TritonError.INTERNAL))
     return pb_utils.InferenceResponse(
         output_tensors=[pb_utils.Tensor(n, a) for n, a in reply["arrays"].items()])
+
+
+def _seconds(request) -> float | None:
+    """A BLS request's timeout (microseconds in the API), None for none."""
+    return request._timeout / 1e6 if request._timeout > 0 else None
 
 
 def _timed_out(request) -> pb_utils.InferenceResponse:
