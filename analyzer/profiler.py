@@ -144,6 +144,12 @@ class Profiler:
                 model.error = str(err)
                 self.listener("model_failed", {"model": spec.name, "error": model.error})
                 continue
+            if source.config.HasField("sequence_batching"):
+                model.error = (f"model '{spec.name}' uses sequence_batching: the load generator "
+                               "does not send sequences (correlation ids, START/END) yet; "
+                               "measure it with perf_analyzer --sequence-length")  # fmt: skip
+                self.listener("model_failed", {"model": spec.name, "error": model.error})
+                continue
             bls = bool(self.config.bls_composing_models)
             if (source.backend == ENSEMBLE or bls) and not self._read_parts(model, source, bls):
                 continue

@@ -106,6 +106,21 @@ def test_perf_analyzer_shows_the_composing_models(seed_worker, tmp_path: Path, m
     assert re.search(r"mul, version: 1\s+Inference count: [1-9]", run.stdout), run.stdout
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_our_perf_shows_the_composing_models_too(seed_worker, protocol):
+    url = seed_worker.http if protocol == "http" else seed_worker.grpc
+    run = subprocess.run(
+        [sys.executable, "-m", "analyzer", "perf", "-m", "ensemble", "-u", url, "-i", protocol,
+         "--concurrency-range", "2", "-p", "300"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = run.stdout
+    assert "Composing models:" in text, text
+    for model in ("add_sub", "mul"):
+        assert re.search(rf"  {model}, version: 1\n\s+Inference count: [1-9]", text), text
+
+
 # ---- a repository of ensembles built from the seed's models --------------------------------
 
 _STEP = """{{ model_name: "{model}" model_version: -1 {maps} }}"""
@@ -784,3 +799,20 @@ def test_bls_exec_decoupled_iterates_over_a_decoupled_models_responses(decoupled
         summary = client.infer("fan_in", [tensor]).as_numpy("SUMMARY").tolist()
     # both ways: the four values, four responses with outputs, then the final flag alone
     assert summary == [10, 4, 1, 10, 4, 1]
+
+
+def test_profiling_a_sequence_model_says_what_to_use_instead(tmp_path: Path):
+    repo = tmp_path / "repo"
+    (repo / "accumulate" / "1").mkdir(parents=True)
+    (repo / "accumulate" / "1" / "model.py").write_text(ACCUMULATE)
+    (repo / "accumulate" / "config.pbtxt").write_text(
+        SEQUENCE_CONFIG.replace("STRATEGY", "direct { }"))
+    run = subprocess.run(
+        [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(repo),
+         "--profile-models", "accumulate", "--output-model-repository-path", "OUT",
+         "--export-path", "EXP"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    text = " ".join((run.stdout + run.stderr).split())
+    assert "uses sequence_batching: the load generator does not send sequences" in text

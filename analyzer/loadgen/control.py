@@ -45,7 +45,8 @@ class ControlClient(ABC):
     def model_config(self) -> dict[str, Any]: ...
 
     @abstractmethod
-    def model_stats(self) -> dict[str, Any]: ...
+    def model_stats(self, every_model: bool = False) -> dict[str, Any]:
+        """The model's statistics; `every_model`: every model's (an ensemble's steps too)."""
 
     def close(self) -> None:  # noqa: B027 - most transports hold nothing to release
         """Release connections."""
@@ -95,8 +96,8 @@ class HttpControl(ControlClient):
     def model_config(self) -> dict[str, Any]:
         return self._get(self._model_path() + "/config")
 
-    def model_stats(self) -> dict[str, Any]:
-        return self._get(self._model_path() + "/stats")
+    def model_stats(self, every_model: bool = False) -> dict[str, Any]:
+        return self._get("/v2/models/stats" if every_model else self._model_path() + "/stats")
 
     def close(self) -> None:
         self._conn.close()
@@ -146,12 +147,14 @@ class GrpcControl(ControlClient):
         request = service_pb2.ModelConfigRequest(name=self.model, version=self.version)
         return model_config_to_dict(self._call("ModelConfig", request).config)
 
-    def model_stats(self) -> dict[str, Any]:
+    def model_stats(self, every_model: bool = False) -> dict[str, Any]:
         from tritonclient.grpc import service_pb2
 
         from analyzer.config.model_config import proto_to_dict
 
-        request = service_pb2.ModelStatisticsRequest(name=self.model, version=self.version)
+        request = service_pb2.ModelStatisticsRequest()
+        if not every_model:
+            request = service_pb2.ModelStatisticsRequest(name=self.model, version=self.version)
         return proto_to_dict(self._call("ModelStatistics", request))
 
     def close(self) -> None:

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from analyzer.loadgen.client import Drained, LoadClient
-from analyzer.loadgen.control import ControlClient
+from analyzer.loadgen.control import ControlClient, ServerError
 from analyzer.loadgen.point import MeasurementError, MeasureSettings, PerfPoint
 from analyzer.loadgen.records import Records
-from analyzer.loadgen.server_stats import stats_delta
+from analyzer.loadgen.server_stats import composing_models, stats_delta, with_composing
 from analyzer.loadgen.stability import Window, ci_verdict, merge, windows_ci, windows_stable
 from analyzer.monitor.base import Sampler
 
@@ -60,6 +60,7 @@ class Measurer:
         self._parts: list[Records] = []
         self._errors: dict[str, int] = {}
         self._waited_before = 0
+        self._composing: list[str] | None = None  # an ensemble's step models, once known
 
     # ---- plumbing -----------------------------------------------------------------------------
     def _take(self, drained: Drained) -> None:
@@ -82,8 +83,13 @@ class Measurer:
     def _stats(self) -> tuple[int, dict]:
         if not self.use_stats:
             return time.monotonic_ns(), {}
+        if self._composing is None:
+            try:
+                self._composing = composing_models(self.control.model_config())
+            except ServerError:
+                self._composing = []
         t_a = time.monotonic_ns()
-        stats = self.control.model_stats()
+        stats = self.control.model_stats(every_model=bool(self._composing))
         t_b = time.monotonic_ns()
         return (t_a + t_b) // 2, stats
 
@@ -169,10 +175,11 @@ class Measurer:
         errors = dict(self._errors)
         requests = self._request_figures(mode, value, window, errors)
         server = (
-            stats_delta(window.stats0, window.stats1, self.model, self.version)
+            with_composing(stats_delta(window.stats0, window.stats1, self.model, self.version),
+                           window.stats0, window.stats1, self._composing or [])
             if self.use_stats
             else None
-        )
+        )  # fmt: skip
         point = PerfPoint(
             mode=mode,
             value=value,

@@ -182,23 +182,30 @@ def point_text(point: PerfPoint) -> str:
         + f"; measured {point.duration_s:.2f} s ({point.wall_s:.2f} s in all)"
         + ("; CLIENT-BOUND" if point.client_bound else ""),
     ]
-    s = point.server
-    if s is not None:
-        lines += [
-            "  Server: ",
-            f"    Inference count: {s.inference_count}",
-            f"    Execution count: {s.execution_count}",
-            f"    Successful request count: {s.success_count}",
-            f"    Avg request latency: {_us(s.request_us)} usec (overhead {_us(s.overhead_us)} "
-            f"usec + queue {_us(s.queue_us)} usec + compute input {_us(s.compute_input_us)} usec "
-            f"+ compute infer {_us(s.compute_infer_us)} usec + compute output "
-            f"{_us(s.compute_output_us)} usec)",
-        ]
+    if point.server is not None:
+        lines += ["  Server: ", *_server_lines(point.server, "    ")]
+        if point.server.composing:
+            lines.append("  Composing models: ")
+            for name, part in point.server.composing.items():
+                lines += [f"  {name}, version: {part.version}", *_server_lines(part, "      ")]
     for name, summary in point.monitors.items():
         lines.append(f"  {name.upper()}: {monitor_text(summary)}")
     for warning in point.warnings:
         lines.append(f"  WARNING: {warning}")
     return "\n".join(lines)
+
+
+def _server_lines(s, indent: str) -> list[str]:
+    """perf_analyzer's server block: counts and the average request's parts."""
+    return [
+        f"{indent}Inference count: {s.inference_count}",
+        f"{indent}Execution count: {s.execution_count}",
+        f"{indent}Successful request count: {s.success_count}",
+        f"{indent}Avg request latency: {_us(s.request_us)} usec (overhead {_us(s.overhead_us)} "
+        f"usec + queue {_us(s.queue_us)} usec + compute input {_us(s.compute_input_us)} usec "
+        f"+ compute infer {_us(s.compute_infer_us)} usec + compute output "
+        f"{_us(s.compute_output_us)} usec)",
+    ]
 
 
 def monitor_text(summary) -> str:

@@ -7,7 +7,7 @@ perf_analyzer prints them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -23,6 +23,10 @@ class ServerBreakdown:
     compute_input_us: float
     compute_infer_us: float
     compute_output_us: float
+    # an ensemble's steps, each model's own breakdown over the same window (perf_analyzer's
+    # "Composing models")
+    composing: dict[str, ServerBreakdown] = field(default_factory=dict)
+    version: str = ""  # the version that served the window
 
     @property
     def overhead_us(self) -> float:
@@ -80,4 +84,29 @@ def stats_delta(
         compute_input_us=per("compute_input"),
         compute_infer_us=per("compute_infer"),
         compute_output_us=per("compute_output"),
+        version=best,
     )
+
+
+def composing_models(config: dict[str, Any]) -> list[str]:
+    """The models an ensemble's steps call (from its config JSON), each once; [] otherwise."""
+    if config.get("platform") != "ensemble":
+        return []
+    names: list[str] = []
+    for step in (config.get("ensemble_scheduling") or {}).get("step", []):
+        name = step.get("model_name")
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
+def with_composing(breakdown: ServerBreakdown | None, before: dict[str, Any],
+                   after: dict[str, Any], models: list[str]) -> ServerBreakdown | None:  # fmt: skip
+    """`breakdown` with each composing model's own over the same two snapshots."""
+    if breakdown is None:
+        return None
+    for model in models:
+        part = stats_delta(before, after, model)
+        if part is not None:
+            breakdown.composing[model] = part
+    return breakdown
