@@ -169,3 +169,32 @@ def test_pdf_summary(run, tmp_path):
     assert done.returncode == 0, done.stderr
     pdf = copy / "reports" / "summaries" / "add_sub" / "result_summary.pdf"
     assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 20_000
+
+
+def test_report_model_configs_writes_the_named_configs_detailed_reports(run, tmp_path):
+    """MA's `report -n`: the detailed report of each config named, and nothing else; MA's
+    other report keys from a YAML file, those without an effect here noted; a name the run
+    never measured is one clear error."""
+    copy = tmp_path / "EXP"
+    shutil.copytree(run / "EXP", copy)
+    shutil.rmtree(copy / "reports")
+    name = default_name(results(copy)["models"][0])
+    done = subprocess.run([sys.executable, "-m", "analyzer", "report", "-e", str(copy),
+                           "--report-model-configs", name], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    detailed = sorted(p.parent.name for p in (copy / "reports").rglob("detailed_report.html"))
+    assert detailed == [name]
+    config = tmp_path / "report.yaml"
+    config.write_text(f"export_path: {copy}\nreport_model_configs:\n  {name}:\n    plots: {{}}\n"
+                      "output_formats: [html]\ncheckpoint_directory: /nowhere\n")
+    done = subprocess.run([sys.executable, "-m", "analyzer", "report", "-f", str(config)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "'checkpoint_directory' is accepted and changes nothing here" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "analyzer", "report", "-e", str(copy), "-n",
+                           "add_sub_config_99"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert "report_model_configs names 'add_sub_config_99', which is no measured config" in (
+        done.stderr)

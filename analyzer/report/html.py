@@ -109,9 +109,11 @@ REPORTS = ("summary", "detailed")
 
 
 def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
-                 parts: tuple[str, ...] = REPORTS) -> list[Path]:  # fmt: skip
+                 parts: tuple[str, ...] = REPORTS,
+                 chosen: list[str] | None = None) -> list[Path]:  # fmt: skip
     """The summary of one model and the detailed report of each of its top configs (`parts`
-    names which of the two: MA's skip_summary_reports / skip_detailed_reports)."""
+    names which of the two: MA's skip_summary_reports / skip_detailed_reports; `chosen`: the
+    configs to write detailed reports of instead, MA's report_model_configs)."""
     env = _environment()
     css = (TEMPLATES / "base.css").read_text()
     measured = [c for c in model["configs"] if c["measurements"]]
@@ -121,6 +123,8 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
     top = [c for c in ranked if c["name"] in model["top"]]
     if default is not None and default in measured and default not in top:
         top.append(default)
+    if chosen is not None:
+        top = [c for c in ranked if c["name"] in chosen]
     base = default["best"]["metrics"]["perf_throughput"] if default and default["best"] else 0
     rows = []
     for c in ranked:  # every measured config, best first; the top ones get detailed reports
@@ -212,14 +216,24 @@ def _render_detailed(env, css, model, config, winner, out: Path) -> Path:
 
 
 def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",),
-                   parts: tuple[str, ...] = REPORTS) -> list[Path]:  # fmt: skip
-    """Every model's summary and its top configs' detailed reports (those of `parts`); with "pdf"
-    in `formats` each summary is also rendered to result_summary.pdf beside it (WeasyPrint)."""
+                   parts: tuple[str, ...] = REPORTS,
+                   configs: list[str] | None = None) -> list[Path]:  # fmt: skip
+    """Every model's summary and its top configs' detailed reports (those of `parts`; `configs`:
+    the configs named, MA's report_model_configs, instead of the top ones); with "pdf" in
+    `formats` each summary is also rendered to result_summary.pdf beside it (WeasyPrint)."""
     document = load_results(export_path)
+    if configs is not None:
+        measured = {c["name"] for m in document["models"] for c in m["configs"]
+                    if c["measurements"]}  # fmt: skip
+        unknown = [name for name in configs if name not in measured]
+        if unknown:
+            raise ReportError(
+                f"report_model_configs names '{unknown[0]}', which is no measured config of "
+                f"the run in '{export_path}' (measured: {', '.join(sorted(measured)) or 'none'})")
     out = export_path / "reports"
     written: list[Path] = []
     for model in document["models"]:
-        written += render_model(document, model, out, parts)
+        written += render_model(document, model, out, parts, configs)
     if "pdf" in formats:
         import weasyprint  # imported here: it loads pango, which the HTML path never needs
 
