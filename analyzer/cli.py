@@ -66,5 +66,14 @@ def _version(asked: bool) -> None:
 def main(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Show the version and exit (MA's).")] = False,
+    mode: Annotated[str, typer.Option("-m", "--mode",
+                                      help="MA's preset of summary plots: online (throughput vs "
+                                           "p99 latency) or offline (also throughput vs client "
+                                           "batch size).")] = "online",
 ) -> None:  # fmt: skip
     """Find the best serving configuration for a model (Triton-compatible)."""
+    from analyzer.commands import mode as preset
+
+    if mode not in preset.MODES:
+        raise typer.BadParameter(f"-m/--mode is '{mode}'; expected online or offline")
+    preset.mode = mode

@@ -198,3 +198,19 @@ def test_report_model_configs_writes_the_named_configs_detailed_reports(run, tmp
     assert done.returncode == 2
     assert "report_model_configs names 'add_sub_config_99', which is no measured config" in (
         done.stderr)
+
+
+def test_offline_mode_adds_throughput_by_client_batch_size(run, tmp_path):
+    """MA's global `-m offline`: the summary also plots throughput by client batch size; the
+    default (online) does not; a mode MA does not know is one clear error."""
+    copy = tmp_path / "EXP"
+    shutil.copytree(run / "EXP", copy)
+    page = copy / "reports" / "summaries" / "add_sub" / "result_summary.html"
+    assert 'alt="throughput vs client batch size' not in page.read_text()
+    done = subprocess.run([sys.executable, "-m", "analyzer", "-m", "offline", "report", "-e",
+                           str(copy)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert 'alt="throughput vs client batch size' in page.read_text()
+    done = subprocess.run([sys.executable, "-m", "analyzer", "-m", "batchy", "report", "-e",
+                           str(copy)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "-m/--mode is 'batchy'" in done.stderr

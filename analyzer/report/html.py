@@ -181,6 +181,11 @@ def _summary_figures(model: dict[str, Any], measured: list[dict[str, Any]],
         figures.append({"alt": "throughput vs load for the winner and the default",
                         "uri": plots.throughput_vs_load(
                             pair, "Throughput vs load: the winner and the default config")})
+        from analyzer.commands import mode
+
+        if mode.mode == "offline":  # MA's offline preset: throughput by client batch size
+            figures.append({"alt": "throughput vs client batch size for the winner and the "
+                                   "default", "uri": plots.throughput_vs_batch_size(pair)})
         if any("gpu_used_memory" in m["metrics"] for c in measured for m in c["measurements"]):
             figures.append({"alt": "GPU memory vs throughput",
                             "uri": plots.gpu_memory_vs_throughput(measured, winner["name"])})

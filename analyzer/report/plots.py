@@ -146,6 +146,34 @@ def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
         return _uri(fig)
 
 
+def throughput_vs_batch_size(configs: list[dict[str, Any]]) -> str:
+    """Each config's best throughput at each client batch size it was measured with (MA's
+    offline plot); one batch size is one point, and the title says how to sweep more."""
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        sizes: set[int] = set()
+        for i, config in enumerate(configs):
+            best: dict[int, float] = {}
+            for m in config["measurements"]:
+                size = int(m["batch_size"])
+                best[size] = max(best.get(size, 0.0), m["metrics"]["perf_throughput"])
+            if not best:
+                continue
+            xs = sorted(best)
+            sizes.update(xs)
+            color = WINNER if i == 0 else DEFAULT
+            ax.plot(xs, [best[x] for x in xs], "-o", color=color, ms=4, lw=2)
+            ax.annotate(config["name"], (xs[-1], best[xs[-1]]), textcoords="offset points",
+                        xytext=(4, 4), color=color, fontsize=8)  # fmt: skip
+        ticks = sorted(sizes)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel("client batch size")
+        ax.set_ylabel("best throughput (infer/s)")
+        ax.set_title("Throughput vs client batch size" + (
+            " (one batch size measured: --batch-sizes sweeps more)" if len(ticks) < 2 else ""))
+        return _uri(fig)
+
+
 def final_comparison(configs: list[dict[str, Any]], comparison: dict[str, Any]) -> str:
     """The finalists' throughput and p99 over the final rounds, with 95% intervals: overlapping
     bars are what "tied within noise" looks like."""
