@@ -30,6 +30,13 @@ SEED = EXAMPLES.parent / "ensemble_repository"
 PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
 
 
+def _python_model(repo: Path, name: str, code: str, config: str) -> None:
+    """A python model folder: version 1's model.py and its config.pbtxt."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(code)
+    (repo / name / "config.pbtxt").write_text(config)
+
+
 def _infer(module, url: str, model: str, a: np.ndarray, b: np.ndarray, outputs=("OUTPUT",)):
     with module.InferenceServerClient(url) as client:
         inputs = [module.InferInput(n, list(a.shape), "FP32") for n in ("INPUT0", "INPUT1")]
@@ -235,11 +242,8 @@ def ensembles_worker(tmp_path_factory):
         shutil.copytree(SEED / model, repo / f"{model}_b")
         config = (SEED / model / "config.pbtxt").read_text()
         (repo / f"{model}_b" / "config.pbtxt").write_text(_batching(config, model))
-    (repo / "picky" / "1").mkdir(parents=True)
-    (repo / "picky" / "1" / "model.py").write_text(PICKY)
-    (repo / "picky" / "config.pbtxt").write_text(
-        (SEED / "mul" / "config.pbtxt").read_text().replace('name: "mul"', 'name: "picky"')
-    )
+    mul = (SEED / "mul" / "config.pbtxt").read_text()
+    _python_model(repo, "picky", PICKY, mul.replace('name: "mul"', 'name: "picky"'))
     for name, code, config in (
         ("probe", PROBE, 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
          ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
@@ -247,9 +251,7 @@ def ensembles_worker(tmp_path_factory):
         ("identity", IDENTITY, 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]'
          ' output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]'),
     ):  # fmt: skip
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(code)
-        (repo / name / "config.pbtxt").write_text(f'name: "{name}" backend: "python" {config}')
+        _python_model(repo, name, code, f'name: "{name}" backend: "python" {config}')
     ensembles = {
         # listed mul first: a step runs when its inputs exist, not in list order
         "reversed": _ensemble("reversed", [MUL, ADD_SUB]),
@@ -622,18 +624,14 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def decoupled_worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("decoupled")
-    (repo / "repeat" / "1").mkdir(parents=True)
-    (repo / "repeat" / "1" / "model.py").write_text(REPEAT)
-    (repo / "repeat" / "config.pbtxt").write_text(
-        'name: "repeat" backend: "python" model_transaction_policy { decoupled: true }\n'
-        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
-    (repo / "fan_in" / "1").mkdir(parents=True)
-    (repo / "fan_in" / "1" / "model.py").write_text(FAN_IN)
-    (repo / "fan_in" / "config.pbtxt").write_text(
-        'name: "fan_in" backend: "python"\n'
-        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "SUMMARY" data_type: TYPE_INT64 dims: [ 6 ] } ]\n')
+    _python_model(repo, "repeat", REPEAT,
+                  'name: "repeat" backend: "python" model_transaction_policy { decoupled: true }\n'
+                  'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    _python_model(repo, "fan_in", FAN_IN,
+                  'name: "fan_in" backend: "python"\n'
+                  'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+                  'output [ { name: "SUMMARY" data_type: TYPE_INT64 dims: [ 6 ] } ]\n')
     served = start_worker(repo)
     yield served
     assert served.stop() == 0, "".join(served.output)
@@ -744,10 +742,8 @@ sequence_batching {
                                         "max_queue_delay_microseconds: 1000 }"])  # fmt: skip
 def sequence_worker(request, tmp_path_factory):
     repo = tmp_path_factory.mktemp("sequence")
-    (repo / "accumulate" / "1").mkdir(parents=True)
-    (repo / "accumulate" / "1" / "model.py").write_text(ACCUMULATE)
-    (repo / "accumulate" / "config.pbtxt").write_text(
-        SEQUENCE_CONFIG.replace("STRATEGY", request.param))
+    _python_model(repo, "accumulate", ACCUMULATE,
+                  SEQUENCE_CONFIG.replace("STRATEGY", request.param))
     served = start_worker(repo)
     yield served
     assert served.stop() == 0, "".join(served.output)
@@ -803,10 +799,8 @@ def test_bls_exec_decoupled_iterates_over_a_decoupled_models_responses(decoupled
 
 def test_profiling_a_sequence_model_says_what_to_use_instead(tmp_path: Path):
     repo = tmp_path / "repo"
-    (repo / "accumulate" / "1").mkdir(parents=True)
-    (repo / "accumulate" / "1" / "model.py").write_text(ACCUMULATE)
-    (repo / "accumulate" / "config.pbtxt").write_text(
-        SEQUENCE_CONFIG.replace("STRATEGY", "direct { }"))
+    _python_model(repo, "accumulate", ACCUMULATE,
+                  SEQUENCE_CONFIG.replace("STRATEGY", "direct { }"))
     run = subprocess.run(
         [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(repo),
          "--profile-models", "accumulate", "--output-model-repository-path", "OUT",
