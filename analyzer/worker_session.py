@@ -27,6 +27,7 @@ from analyzer.loadgen.control import control_client
 from analyzer.loadgen.inputs import model_io
 from analyzer.loadgen.measure import Measurer
 from analyzer.loadgen.perf import PerfOptions, encode_payloads
+from analyzer.loadgen.server_stats import composing_models
 from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
@@ -62,6 +63,7 @@ class WorkerSession:
         # models served under their own names for a BLS variant: name -> (variant folder, the
         # worker start it was loaded into)
         self.serving: dict[str, tuple[str, int]] = {}
+        self.composing: list[str] = []  # the loaded variant's ensemble steps, for their stats
         self.placement = Placement(None, None, "")  # CPU sets, planned when the run starts
 
     def _ensure_worker(self) -> Launcher:
@@ -147,7 +149,9 @@ class WorkerSession:
         try:
             key = (result.name, trial.batch_size, options.protocol)
             if self.payload_key != key:
-                io = model_io(control.model_metadata(), control.model_config())
+                config = control.model_config()
+                io = model_io(control.model_metadata(), config)
+                self.composing = composing_models(config)
                 opts = dataclasses.replace(options, model=served, url=url,
                                            batch_size=trial.batch_size)  # fmt: skip
                 payloads = encode_payloads(opts, io)
@@ -160,7 +164,7 @@ class WorkerSession:
                     self.client.set_payloads(payloads)
                 self.payload_key = key
             measurer = Measurer(self.client, control, served, "", trial.batch_size,
-                                options.settings, self.samplers, True)  # fmt: skip
+                                options.settings, self.samplers, True, self.composing)  # fmt: skip
             self.listener("measure", {"result": result, "trial": trial})
             point = measurer.measure(trial.load, trial.value, options.distribution)
             auto = self.config.client_processes <= 0

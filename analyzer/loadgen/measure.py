@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from analyzer.loadgen.client import Drained, LoadClient
-from analyzer.loadgen.control import ControlClient, ServerError
+from analyzer.loadgen.control import ControlClient
 from analyzer.loadgen.point import MeasurementError, MeasureSettings, PerfPoint
 from analyzer.loadgen.records import Records
-from analyzer.loadgen.server_stats import composing_models, stats_delta, with_composing
+from analyzer.loadgen.server_stats import stats_delta, with_composing
 from analyzer.loadgen.stability import Window, ci_verdict, merge, windows_ci, windows_stable
 from analyzer.monitor.base import Sampler
 
@@ -48,6 +48,7 @@ class Measurer:
         settings: MeasureSettings | None = None,
         samplers: dict[str, Sampler] | None = None,
         use_stats: bool = True,
+        composing: list[str] | None = None,
     ) -> None:
         self.client = client
         self.control = control
@@ -60,7 +61,7 @@ class Measurer:
         self._parts: list[Records] = []
         self._errors: dict[str, int] = {}
         self._waited_before = 0
-        self._composing: list[str] | None = None  # an ensemble's step models, once known
+        self.composing = composing or []  # an ensemble's step models: their stats too
 
     # ---- plumbing -----------------------------------------------------------------------------
     def _take(self, drained: Drained) -> None:
@@ -83,13 +84,8 @@ class Measurer:
     def _stats(self) -> tuple[int, dict]:
         if not self.use_stats:
             return time.monotonic_ns(), {}
-        if self._composing is None:
-            try:
-                self._composing = composing_models(self.control.model_config())
-            except ServerError:
-                self._composing = []
         t_a = time.monotonic_ns()
-        stats = self.control.model_stats(every_model=bool(self._composing))
+        stats = self.control.model_stats(every_model=bool(self.composing))
         t_b = time.monotonic_ns()
         return (t_a + t_b) // 2, stats
 
@@ -176,7 +172,7 @@ class Measurer:
         requests = self._request_figures(mode, value, window, errors)
         server = (
             with_composing(stats_delta(window.stats0, window.stats1, self.model, self.version),
-                           window.stats0, window.stats1, self._composing or [])
+                           window.stats0, window.stats1, self.composing)
             if self.use_stats
             else None
         )  # fmt: skip

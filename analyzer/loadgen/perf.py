@@ -16,6 +16,7 @@ from analyzer.loadgen.control import ServerError, control_client
 from analyzer.loadgen.inputs import ModelIO, make_requests, model_io
 from analyzer.loadgen.measure import Measurer, MeasureSettings, PerfPoint
 from analyzer.loadgen.payload import grpc_request, http_request
+from analyzer.loadgen.server_stats import composing_models
 from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
@@ -105,7 +106,8 @@ def run_perf(
     samplers: dict[str, Sampler] = {}
     try:
         server = control.server_metadata()
-        io = model_io(control.model_metadata(), control.model_config())
+        config = control.model_config()
+        io = model_io(control.model_metadata(), config)
         payloads = encode_payloads(options, io)
         use_stats = "statistics" in server.get("extensions", [])
         if on_start is not None:
@@ -120,7 +122,7 @@ def run_perf(
         ) as client:
             measurer = Measurer(
                 client, control, io.name, options.version, options.batch_size, options.settings,
-                samplers, use_stats,
+                samplers, use_stats, composing_models(config),
             )
             for value in options.values:
                 point = measurer.measure(options.mode, value, options.distribution)

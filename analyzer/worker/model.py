@@ -51,9 +51,9 @@ class ModelVersion:
         self.config: ModelConfig = source.config
         self.stats = ModelStats(self.name, version)
         self._order = _OrderedDelivery() if self._preserve_ordering() else None
-        self.sequences = self.config.HasField("sequence_batching")
         self.scheduler: Scheduler | SequenceScheduler = (
-            SequenceScheduler(self.config, self.stats, self._deliver) if self.sequences
+            SequenceScheduler(self.config, self.stats, self._deliver)
+            if self.config.HasField("sequence_batching")
             else Scheduler(self.config, self.stats, self._deliver))  # fmt: skip
         self.validator = RequestValidator(self.config)
         self.runners: list[InstanceRunner] = []
@@ -69,17 +69,17 @@ class ModelVersion:
         if self.decoupled and self.source.backend != "python":
             raise ValueError(f"model '{self.name}': model_transaction_policy.decoupled is "
                              "supported for python models only")  # fmt: skip
-        if self.sequences and self.config.sequence_batching.state:  # refuse, not serve wrongly
+        sequences = self.scheduler if isinstance(self.scheduler, SequenceScheduler) else None
+        if sequences is not None and self.config.sequence_batching.state:  # refuse, not serve
             raise ValueError(f"model '{self.name}': sequence_batching.state (implicit state) is "
                              "not supported by this worker")  # fmt: skip
         specs = instance_specs(self.config, self.backend.gpu_capable(), self.max_instance_count)
-        if isinstance(self.scheduler, SequenceScheduler):
-            self.scheduler.set_instances(len(specs))
+        if sequences is not None:
+            sequences.set_instances(len(specs))
         try:
             for index, spec in enumerate(specs):
                 instance = self.backend.create_instance(self.source, self.version, spec)
-                lane = (self.scheduler.lane(index) if isinstance(self.scheduler, SequenceScheduler)
-                        else self.scheduler)  # fmt: skip
+                lane = sequences.lane(index) if sequences is not None else self.scheduler
                 runner = InstanceRunner(spec, instance, lane, self.stats, self._deliver)
                 self.runners.append(runner)
             for runner in self.runners:

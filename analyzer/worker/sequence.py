@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +29,7 @@ from tritonclient.grpc import model_config_pb2
 
 from analyzer.config.model_config import ModelConfig
 from analyzer.datatypes import WIRE_TO_NUMPY, config_to_wire
+from analyzer.worker.batcher import Deliver
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.params import SEQUENCE_END, SEQUENCE_START
 from analyzer.worker.request import InferRequest
@@ -38,7 +38,6 @@ from analyzer.worker.stats import ModelStats
 Kind = model_config_pb2.ModelSequenceBatching.Control.Kind
 MAX_SEQUENCES = 4096  # live sequences per model version
 DEFAULT_IDLE_US = 1_000_000
-Deliver = Callable[[InferRequest, dict | None, Exception | None], None]
 
 
 @dataclass(frozen=True)

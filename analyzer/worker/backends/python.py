@@ -319,7 +319,6 @@ class PythonInstance(BackendInstance):
     def __init__(self, source: ModelSource, version: int, spec: InstanceSpec,
                  models: Models | None = None):  # fmt: skip
         self.name = f"python model '{source.name}' instance {spec.name}"
-        self.model_name = source.name
         self.stub = StubProcess(self.name)
         self.models = models
         if models is not None:
