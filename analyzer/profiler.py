@@ -328,8 +328,7 @@ class Profiler:
             if parts is not None:
                 config, own, composing = self._composed(source, parts, params, cpu_only)
             else:
-                config = make_variant(source.config, params, cpu_only) if params else (
-                    default_variant(source.config, cpu_only))  # fmt: skip
+                config = _variant_config(source.config, params, cpu_only)
         except VariantError as err:
             model.skipped.append(f"{json.dumps(params, sort_keys=True)}: {err}")
             return None
@@ -379,21 +378,17 @@ class Profiler:
         cpu_parts = set(self.config.cpu_only_composing_models or [])
         composing: Composed = {}
         for part, part_source in parts.items():
-            own = params.get(part) or {}
-            cpu = cpu_only or part in cpu_parts
-            config = (make_variant(part_source.config, own, cpu) if own
-                      else default_variant(part_source.config, cpu))  # fmt: skip
+            asked = params.get(part) or {}
+            config = _variant_config(part_source.config, asked, cpu_only or part in cpu_parts)
             names = self.part_names.setdefault(part, {})
             key = format_model_config(_unnamed(config))
             if key not in names:
                 made = sum(1 for n in names.values() if not n.endswith("_config_default"))
-                names[key] = variant = f"{part}_config_{made if own else 'default'}"
+                names[key] = variant = f"{part}_config_{made if asked else 'default'}"
                 write_variant(part_source.path, config, self.config.output_repository / variant)
             composing[part] = (names[key], config)
         if source.name in self.bls_models:
-            own_params = params.get(source.name) or {}
-            config = (make_variant(source.config, own_params, cpu_only) if own_params
-                      else default_variant(source.config, cpu_only))  # fmt: skip
+            config = _variant_config(source.config, params.get(source.name) or {}, cpu_only)
             return config, config, composing
         return composed_variant(source.config, composing), source.config, composing
 
@@ -416,6 +411,11 @@ class Profiler:
 
     def unload_variant(self) -> None:
         self.session.unload_variant()
+
+
+def _variant_config(config: ModelConfig, params: dict, cpu_only: bool) -> ModelConfig:
+    """The model's config with `params` set; its own (made servable here) without any."""
+    return make_variant(config, params, cpu_only) if params else default_variant(config, cpu_only)
 
 
 def _composed_text(ensemble: ModelConfig, composing: Composed) -> str:
