@@ -15,12 +15,20 @@ more than any config difference (winner stability on tiny_cnn: three quick winne
 gap all in the load). So in the first round each finalist is also measured one load level up,
 right after its own point: when that beats it by the sweep's plateau gain and meets the
 constraints, the finalist's rounds run there (the first round's point is the check's).
+
+A search's single points rank its configs by noise as much as by merit: on tiny_cnn brute force
+placed the true best 4th to 6th, 4-12% below its leader, in 6 of 10 runs. So the finalists are the
+search's top `num_configs_per_model`, plus up to as many more whose best point is within the
+search's noise band of the leader's (`pool_band`), plus the default. The rounds then race them:
+from the third round on, a finalist shown behind the leader beyond TIE_MARGIN leaves the rounds,
+so the budget goes into the configs the rounds cannot yet tell apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import TYPE_CHECKING
 
 from analyzer.launch.base import LaunchError, LaunchSetupError
@@ -29,16 +37,20 @@ from analyzer.loadgen.measure import MeasurementError
 from analyzer.loadgen.perf import PerfOptions
 from analyzer.results.checkpoint import Checkpoint, point_key
 from analyzer.results.finals import (
+    BUDGET,
+    MIN_ROUNDS,
     RESOLUTION,
+    TIE_MARGIN,
     Calibration,
     Comparison,
     FinalResult,
-    affordable_rounds,
     calibrate,
     cheapest,
+    combine,
     mark_ties,
+    mean_interval,
     ratio_interval,
-    round_orders,
+    round_order,
     summarize,
 )
 from analyzer.results.measurement import Measurement
@@ -50,10 +62,32 @@ if TYPE_CHECKING:
     from analyzer.profiler import Profiler
 
 
-def finalists(model: ModelOutcome, ranker: Ranker, count: int) -> list[ConfigResult]:
-    """The `count` best configs of the search, and the default config if it is not among them."""
+POOL_BAND_MIN, POOL_BAND_MAX = 0.10, 0.25
+
+
+def pool_band(calibration: Calibration | None) -> float:
+    """How far below the search's leader a config's best point may be and still be a finalist.
+    Two single points of one config differ by up to ~2.8x the window noise (95%, sqrt(2) x 1.96)
+    and search points are minutes apart, so drift adds to that: three times the calibrated noise,
+    at least POOL_BAND_MIN (brute force's true best lay 4-12% below its leader on days whose
+    calibration said 1.4-3.7%), at most POOL_BAND_MAX."""
+    noise = calibration.noise_pct / 100.0 if calibration is not None else 0.0
+    return min(POOL_BAND_MAX, max(POOL_BAND_MIN, 3.0 * noise))
+
+
+def finalists(model: ModelOutcome, ranker: Ranker, count: int, band: float = 0.0,
+              extra: int = 0) -> list[ConfigResult]:  # fmt: skip
+    """The `count` best configs of the search; then up to `extra` more whose best point is within
+    `band` of the leader's (in the ranking score: the log of throughput for a throughput
+    objective) and meets the constraints as the leader's does; then the default config if it is
+    not among them."""
     ranked = [r for r in ranker.rank(list(model.results)) if r.measurements and not r.error]
     chosen = ranked[:count]
+    if ranked and extra > 0:
+        floor = ranked[0].score - math.log1p(band)
+        near = [r for r in ranked[count:]
+                if r.satisfies == ranked[0].satisfies and r.score >= floor]  # fmt: skip
+        chosen += near[:extra]
     default = model.default
     if default is not None and default in ranked and default not in chosen:
         chosen.append(default)
@@ -64,13 +98,33 @@ CALIBRATION_WINDOWS = 5
 DEFAULT_ROUNDS = 5  # when --final-rounds is unset and no calibration could run
 
 
-def round_options(options: PerfOptions) -> PerfOptions:
+ROUND_REQUESTS = 400  # what a round's window should hold: a p99 read from its 4 slowest
+ROUND_WINDOW_MIN_MS = 200
+
+
+def round_window_ms(options: PerfOptions, throughput: float | None) -> int:
+    """A round's window: long enough for ROUND_REQUESTS at `throughput` (infer/s), between
+    ROUND_WINDOW_MIN_MS and half the search's shortest window (at least 400 ms). A fast model's
+    search is short, and the comparison must stay within a quarter of it: its windows shrink to
+    what its request rate makes meaningful. The calibration's windows follow the same rule at the
+    default's throughput, so its noise is that of windows of about as many requests."""
+    ceiling = max(400, options.settings.min_window_ms // 2)
+    if not throughput or throughput <= 0:
+        return ceiling
+    wanted = math.ceil(1000.0 * ROUND_REQUESTS / throughput)
+    return min(ceiling, max(ROUND_WINDOW_MIN_MS, wanted))
+
+
+def round_options(options: PerfOptions, window_ms: int) -> PerfOptions:
     """One fixed window after a short warm-up, whatever the search's stopping rule: the rounds
-    give the interval, so no round needs to be stable on its own."""
-    window = max(400, options.settings.min_window_ms // 2)
+    give the interval, so no round needs a stopping rule (the adaptive rule's sub-windows would
+    stretch a short window to 400 ms at least). The warm-up is a quarter of the
+    window (at least 50 ms, at most the search's): a finalist stays loaded between rounds, so it
+    only has to fill the pipeline again."""
+    warmup = min(options.settings.warmup_ms, max(50, window_ms // 4))
     settings = dataclasses.replace(
-        options.settings, mode="adaptive", stability_pct=1000.0, min_window_ms=window,
-        window_ms=window, max_trials=4,
+        options.settings, mode="fixed", window_ms=window_ms, min_window_ms=window_ms,
+        warmup_ms=warmup,
     )  # fmt: skip
     return dataclasses.replace(options, settings=settings)
 
@@ -82,6 +136,8 @@ def calibrate_default(
     """The A/A run at the start: the default config, loaded for the search's first point, gets
     CALIBRATION_WINDOWS more windows of a final round's kind back to back. How much they move
     sets the number of final rounds. Checkpointed, so a rerun does not measure them again."""
+    searched = result.measurements[-1].metrics.get("perf_throughput")  # the point just measured
+    window_ms = round_window_ms(options, searched)
     windows = []
     for index in range(CALIBRATION_WINDOWS):
         key = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
@@ -89,13 +145,14 @@ def calibrate_default(
         measurement = checkpoint.points.get(key)
         if measurement is None:
             try:
-                measurement = profiler.measure_point(result, trial, round_options(options))
+                measurement = profiler.measure_point(result, trial,
+                                                     round_options(options, window_ms))
             except (LaunchError, ServerError, MeasurementError, OSError):
                 profiler.recover()
                 return None  # the search goes on; the rounds fall back to DEFAULT_ROUNDS
             checkpoint.record_point(key, measurement, "calibration")
         windows.append(measurement)
-    return calibrate(windows)
+    return calibrate(windows, window_ms)
 
 
 @dataclasses.dataclass
@@ -126,31 +183,83 @@ def run_final_comparison(
         return
     spec = model.spec
     ranker = Ranker(spec.objectives, spec.constraints, model.pareto)
-    chosen = finalists(model, ranker, max(1, profiler.config.num_configs_per_model))
+    count = max(1, profiler.config.num_configs_per_model)
+    band = pool_band(model.calibration)
+    chosen = finalists(model, ranker, count, band, extra=count)
     search_seconds = sum(m.wall_s for r in model.results for m in r.measurements)
-    checks = {r.name: up for r in chosen if (up := _level_to_check(r, levels, ranker)) is not None}
-    rounds, note = _rounds(profiler.config.final_rounds, model.calibration, len(chosen),
-                           search_seconds, len(checks))  # fmt: skip
-    if rounds < 2 or len(chosen) < 2:
+    plan = _plan(profiler.config.final_rounds, model.calibration, search_seconds)
+    chosen, checks = _fit_pool(chosen, count, model.default, plan, levels, ranker)
+    if plan.wanted < 2 or len(chosen) < 2:
         return
     comparison = Comparison(
-        rounds, [r.name for r in chosen],
+        plan.wanted, [r.name for r in chosen],
         search_points=sum(len(r.measurements) for r in model.results),
-        search_seconds=search_seconds, calibration=model.calibration, rounds_note=note,
+        search_seconds=search_seconds, calibration=model.calibration, rounds_note=plan.note,
+        pool_note=_pool_note(chosen, count, model.default, band),
     )  # fmt: skip
     model.comparison = comparison
     by_name = {r.name: r for r in chosen}
     check = _LoadCheck(checks, ranker, levels.gain if levels else 0.0)  # no levels, no checks
     got = _measure_rounds(profiler, spec.name, comparison, by_name, options, checkpoint,
-                          fingerprint, check)  # fmt: skip
+                          fingerprint, check, plan, model.default)  # fmt: skip
+    least = min(MIN_ROUNDS, plan.wanted)
     finals = {name: summarize(ms) for name, ms in got.items()
-              if len(ms) == rounds and name not in comparison.dropped}  # fmt: skip
+              if len(ms) >= least and name not in comparison.dropped}  # fmt: skip
     for name, final in finals.items():
         by_name[name].final = final
     if len(finals) < 2:
         return
     ranker.rank(list(model.results))  # the finalists' best is now the mean of their rounds
     _conclude(comparison, ranker, by_name, finals, model.default)
+
+
+@dataclasses.dataclass
+class RoundPlan:
+    """How many rounds the comparison wants, and how many windows it may spend in all."""
+
+    wanted: int
+    budget: float | None  # windows (None: no budget, --final-rounds or no calibration)
+    note: str  # how `wanted` was chosen, one clause
+
+
+def _plan(configured: int | None, calibration: Calibration | None,
+          search_s: float) -> RoundPlan:  # fmt: skip
+    if configured is not None:
+        return RoundPlan(configured, None, "as --final-rounds asks")
+    if calibration is None:
+        return RoundPlan(DEFAULT_ROUNDS, None, "the default (no A/A calibration ran)")
+    spent = len(calibration.throughputs) * calibration.window_s
+    budget = (BUDGET * search_s - spent) / calibration.window_s if calibration.window_s else None
+    text = (f"from an A/A calibration of the default config: {len(calibration.throughputs)} "
+            f"windows ({spent:.0f} s) varied by "
+            f"{calibration.noise_pct:.1f}% (CV), which asks for "
+            f"{calibration.rounds} rounds to resolve 5%")  # fmt: skip
+    return RoundPlan(calibration.rounds, budget, text)
+
+
+def _fit_pool(chosen: list[ConfigResult], count: int, default: ConfigResult | None,
+              plan: RoundPlan, levels: LoadLevels | None,
+              ranker: Ranker) -> tuple[list[ConfigResult], dict[str, int]]:  # fmt: skip
+    """The finalists whose first MIN_ROUNDS rounds and load checks fit the budget: the configs
+    beyond the search's top `count` leave, last first, until they do (the top and the default
+    stay whatever the budget). With each finalist's load to check."""
+    while True:
+        checks = {r.name: up for r in chosen
+                  if (up := _level_to_check(r, levels, ranker)) is not None}  # fmt: skip
+        extras = [r for r in chosen[count:] if r is not default]
+        cost = min(MIN_ROUNDS, plan.wanted) * len(chosen) + len(checks)
+        if not extras or plan.budget is None or cost <= plan.budget:
+            return chosen, checks
+        chosen = [r for r in chosen if r is not extras[-1]]
+
+
+def _pool_note(chosen: list[ConfigResult], count: int, default: ConfigResult | None,
+               band: float) -> str:  # fmt: skip
+    extras = [r for r in chosen[count:] if r is not default]
+    if not extras:
+        return ""
+    return (f"Beyond the search's top {count}, {', '.join(r.name for r in extras)} joined for a "
+            f"best point within {100 * band:.0f}% of its leader's (the search's noise band)")
 
 
 def _level_to_check(result: ConfigResult, levels: LoadLevels | None,
@@ -195,34 +304,43 @@ class _LoadCheck:
 def _measure_rounds(
     profiler: Profiler, model_name: str, comparison: Comparison,
     by_name: dict[str, ConfigResult], options: PerfOptions, checkpoint: Checkpoint,
-    fingerprint: str, check: _LoadCheck,
+    fingerprint: str, check: _LoadCheck, plan: RoundPlan, default: ConfigResult | None,
 ) -> dict[str, list[Measurement]]:  # fmt: skip
-    """Every finalist once a round, in each round's order, at its best search point (or, after
-    the first round's load check, one level up): the measurements per finalist. A finalist that
-    fails is dropped (with its reason) from the rounds that follow; the finalists left loaded are
-    unloaded at the end."""
-    rounds = comparison.rounds
+    """Every finalist still racing once a round, in each round's order, at its best search point
+    (or, after the first round's load check, one level up): the measurements per finalist.
+    Rounds go on until `plan.wanted`, or until the next one would pass the budget (the first
+    MIN_ROUNDS always run); from MIN_ROUNDS on, finalists shown behind the leader leave (see
+    `_eliminate`). A finalist that fails is dropped (with its reason); the finalists left loaded
+    are unloaded at the end."""
+    planned = plan.wanted
     trials = {}
     for r in by_name.values():
         assert r.best is not None
         trials[r.name] = SearchPoint.make(r.params, r.best.load, r.best.value, r.best.batch_size)
-    per_round = round_options(options)
+    per_round = {name: round_options(options, round_window_ms(
+        options, r.best.metrics.get("perf_throughput") if r.best else None))
+        for name, r in by_name.items()}  # fmt: skip
     launcher = profiler.ensure_launcher()
     # BLS finalists serve their composing models under the same names: one at a time
     together = not launcher.remote and not any(r.serve_first for r in by_name.values())
     got: dict[str, list[Measurement]] = {name: [] for name in by_name}
     profiler.listener("final_start", {"model": model_name, "comparison": comparison})
     loaded: dict[str, int] = {}  # variant -> the worker start it was loaded into
-    for index, order in enumerate(round_orders(list(by_name), rounds)):
-        for name in order:
-            if name in comparison.dropped:
-                continue
+    racing = list(by_name)
+    used = float(len(check.levels))  # windows spent: the load checks are paid up front
+    ran = 0
+    for index in range(planned):
+        names = [n for n in racing if n not in comparison.dropped]
+        if index >= MIN_ROUNDS and plan.budget is not None and used + len(names) > plan.budget:
+            break
+        ran = index + 1
+        for name in round_order(names, index):
             result, trial = by_name[name], trials[name]
             key = point_key(result.config_text, trial.load, trial.value, trial.batch_size,
-                            f"{fingerprint}|final round {index + 1} of {rounds}")  # fmt: skip
+                            f"{fingerprint}|final round {index + 1} of {planned}")  # fmt: skip
             measurement = checkpoint.points.get(key)
             if measurement is None:
-                measurement = _measure_finalist(profiler, result, trial, per_round, together,
+                measurement = _measure_finalist(profiler, result, trial, per_round[name], together,
                                                 loaded, comparison)  # fmt: skip
                 if measurement is None:
                     continue
@@ -230,11 +348,12 @@ def _measure_rounds(
             measurement.config_name = result.name
             comparison.points += 1
             comparison.seconds += measurement.wall_s
+            used += 1
             profiler.listener("final_point", {"result": result, "measurement": measurement,
-                                              "round": index + 1, "rounds": rounds})  # fmt: skip
+                                              "round": index + 1, "rounds": planned})  # fmt: skip
             if index == 0 and name in check.levels:
-                up = _checked(profiler, result, trial, check.levels[name], per_round, checkpoint,
-                              fingerprint, comparison)  # fmt: skip
+                up = _checked(profiler, result, trial, check.levels[name], per_round[name],
+                              checkpoint, fingerprint, comparison)  # fmt: skip
                 if up is not None:
                     moved, comparison.load_checks[name] = check.verdict(measurement, up)
                     if moved:
@@ -243,9 +362,47 @@ def _measure_rounds(
                                                         trial.batch_size)  # fmt: skip
                         measurement = up
             got[name].append(measurement)
+        if ran >= MIN_ROUNDS:
+            racing = _eliminate(racing, got, comparison, check.ranker, default, ran)
+            if len([n for n in racing if default is None or n != default.name]) <= 1:
+                break  # one config left in the race: more rounds would only refine the default
+    comparison.rounds = ran
+    if plan.budget is not None and ran < planned:
+        comparison.rounds_note += (f"; {ran} kept the comparison, its load checks and the "
+                                   "calibration within a quarter of the search's time")  # fmt: skip
     profiler.session.unload_all({n for n, start in loaded.items()
                                  if start == profiler.outcome.worker_starts})  # fmt: skip
     return got
+
+
+def _eliminate(racing: list[str], got: dict[str, list[Measurement]], comparison: Comparison,
+               ranker: Ranker, default: ConfigResult | None, ran: int) -> list[str]:  # fmt: skip
+    """The finalists still racing after round `ran`: one whose paired score difference to the
+    current leader lies wholly below -log(1 + TIE_MARGIN) has lost (the reason goes to
+    `comparison.eliminated`). The default races to the end: the recommendation's gain over it
+    needs its rounds."""
+    alive = [n for n in racing if n not in comparison.dropped and got[n]]
+    meeting = [n for n in alive if not ranker.violations(combine(got[n]))] or alive
+    if not meeting:
+        return racing
+    mean = {n: statistics.fmean(ranker.score(m) for m in got[n]) for n in alive}
+    leader = max(meeting, key=lambda n: mean[n])
+    base = [ranker.score(m) for m in got[leader]]
+    keep = []
+    for name in racing:
+        if name == leader or name not in alive or (default is not None and name == default.name):
+            keep.append(name)
+            continue
+        diff = mean_interval([ranker.score(m) - b for m, b in zip(got[name], base, strict=False)])
+        if diff.high < -math.log1p(TIE_MARGIN):
+            comparison.eliminated[name] = (
+                f"behind {leader} by {100 * -math.expm1(diff.estimate):.1f}% (95% CI "
+                f"{100 * -math.expm1(diff.high):.1f}-{100 * -math.expm1(diff.low):.1f}%) after "
+                f"{ran} rounds"
+            )  # fmt: skip
+        else:
+            keep.append(name)
+    return keep
 
 
 def _checked(
@@ -336,24 +493,3 @@ def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigR
             [m.metrics["perf_throughput"] for m in finals[chosen_name].rounds],
             [m.metrics["perf_throughput"] for m in finals[default.name].rounds],
         )
-
-
-def _rounds(configured: int | None, calibration: Calibration | None, finalists: int,
-            search_s: float, checks: int = 0) -> tuple[int, str]:  # fmt: skip
-    """The number of rounds and one clause saying how it was chosen; the calibration's windows
-    and the `checks` load checks count against the budget."""
-    if configured is not None:
-        return configured, "as --final-rounds asks"
-    if calibration is None:
-        return DEFAULT_ROUNDS, "the default (no A/A calibration ran)"
-    spent = len(calibration.throughputs) * calibration.window_s
-    rounds = affordable_rounds(calibration.rounds, finalists, calibration.window_s, search_s,
-                               spent + checks * calibration.window_s)  # fmt: skip
-    text = (f"from an A/A calibration of the default config: {len(calibration.throughputs)} "
-            f"windows ({spent:.0f} s) varied by "
-            f"{calibration.noise_pct:.1f}% (CV), which asks for "
-            f"{calibration.rounds} rounds to resolve 5%")  # fmt: skip
-    if rounds < calibration.rounds:
-        text += (f"; {rounds} keep the comparison, its load checks and the calibration within a "
-                 "quarter of the search's time")
-    return rounds, text

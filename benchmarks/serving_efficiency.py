@@ -58,6 +58,7 @@ class Setting:
     client_batch: int
     concurrency: int
     config: str  # appended to tiny_cnn's config.pbtxt
+    instances: int = 1
 
 
 SETTINGS = [
@@ -69,6 +70,13 @@ SETTINGS = [
     Setting("b1_dynamic16", 1, 16,
             "dynamic_batching { preferred_batch_size: [ 16 ] max_queue_delay_microseconds: 2000 }"),
     Setting("b1_dynamic0", 1, 16, "dynamic_batching { }"),  # Triton's default: no queue delay
+    # two instances on the worker's core: one group of requests is parsed while the other computes
+    Setting("b1_dynamic8x2", 1, 16,
+            "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 2000 }",
+            instances=2),
+    Setting("b1_dynamic16x2", 1, 16,
+            "dynamic_batching { preferred_batch_size: [ 16 ] max_queue_delay_microseconds: 2000 }",
+            instances=2),
 ]
 
 # The offline limit runs in one long-lived process (warmed up once), pinned like the worker:
@@ -102,7 +110,7 @@ def make_repository(root: Path) -> None:
         (folder / "1").mkdir(parents=True)
         shutil.copy(EXAMPLES / "tiny_cnn" / "1" / "model.pt", folder / "1" / "model.pt")
         config = base.replace('name: "tiny_cnn"', f'name: "tiny_cnn_{s.name}"')
-        config = placement.placed_config(config)
+        config = placement.placed_config(config.replace("count: 1", f"count: {s.instances}"))
         (folder / "config.pbtxt").write_text(config + "\n" + s.config + "\n")
 
 

@@ -7,17 +7,16 @@ import math
 import pytest
 
 from analyzer.config.profile_config import ProfileConfigError, load_profile_config
-from analyzer.final_comparison import _rounds
+from analyzer.final_comparison import RoundPlan, _plan, pool_band
 from analyzer.results.finals import (
     Calibration,
     Comparison,
     FinalResult,
-    affordable_rounds,
     calibrate,
     mark_ties,
     mean_interval,
     ratio_interval,
-    round_orders,
+    round_order,
     rounds_for_noise,
     summarize,
 )
@@ -74,7 +73,7 @@ def test_ties_are_decided_by_paired_differences():
 
 
 def test_rounds_change_order_and_every_config_leads_once():
-    orders = round_orders(["a", "b", "c"], 6)
+    orders = [round_order(["a", "b", "c"], i) for i in range(6)]
     assert all(sorted(o) == ["a", "b", "c"] for o in orders)
     assert {o[0] for o in orders} == {"a", "b", "c"}
     assert len({tuple(o) for o in orders}) == 6
@@ -123,20 +122,19 @@ def test_the_calibration_sets_the_rounds_within_the_budget():
     assert rounds_for_noise(0.0) == 3
     assert rounds_for_noise(0.02) == 4  # a quiet machine: 2% per window
     assert rounds_for_noise(0.10) == 10  # this VM: capped
-    assert affordable_rounds(10, 4, 0.65, 80.0) == 7  # 4 x 7 x 0.65 s <= 20 s = 25% of 80 s
-    assert affordable_rounds(10, 4, 0.65, 5.0) == 3  # never below three
-    assert affordable_rounds(10, 4, 0.65, 80.0, spent_s=3.0) == 6  # the calibration counts
     windows = [point("d", t) for t in (1000.0, 1010.0, 990.0, 1005.0, 995.0)]
     for m in windows:
         m.wall_s = 0.6
     calibration = calibrate(windows)
     assert calibration.noise_pct == pytest.approx(0.79, abs=0.01) and calibration.rounds == 3
-    assert _rounds(None, calibration, 3, 100.0)[0] == 3
-    assert _rounds(7, calibration, 3, 100.0) == (7, "as --final-rounds asks")
-    assert _rounds(None, None, 3, 100.0)[0] == 5
+    plan = _plan(None, calibration, 100.0)
+    assert plan.wanted == 3 and plan.budget == pytest.approx((25.0 - 3.0) / 0.6)  # windows
+    assert _plan(7, calibration, 100.0) == RoundPlan(7, None, "as --final-rounds asks")
+    assert _plan(None, None, 100.0).wanted == 5
     noisy = Calibration([1.0] * 5, 12.0, 10, 0.6)
-    rounds, note = _rounds(None, noisy, 4, 40.0)  # (10 s - 3 s) / (4 x 0.6 s)
-    assert rounds == 3 and "asks for 10 rounds" in note and "a quarter of the search" in note
+    note = _plan(None, noisy, 40.0).note
+    assert "asks for 10 rounds" in note
+    assert pool_band(calibration) == 0.10 and pool_band(noisy) == 0.25  # 3 x noise, clamped
     comparison = Comparison(4, ["a", "b"], calibration=noisy, rounds_note=note)
     assert Comparison.from_dict(comparison.to_dict()) == comparison
 
@@ -283,3 +281,70 @@ def test_a_cheaper_tied_config_replaces_the_leader_only_when_shown_within_five_p
         assert comparison.recommended == recommended, rounds
         if recommended == "small":
             assert comparison.why.endswith("a smaller max batch size (8 vs 16); it is recommended")
+
+
+def test_configs_within_the_search_noise_join_the_finalists_and_the_clearly_behind_leave_early(
+    tmp_path,
+):
+    """Brute force's single points placed the true best 4th-6th: the finalists are the search's
+    top `num_configs_per_model` plus the configs within its noise band (10% here), and the
+    rounds race them: after the third round a finalist shown behind the leader leaves, and the
+    ones still tied go on until the calibration's rounds are done."""
+    from analyzer.config.model_specs import ModelSpec
+    from analyzer.final_comparison import run_final_comparison
+    from analyzer.loadgen.perf import PerfOptions
+    from analyzer.report.console import how_sure
+    from analyzer.results.checkpoint import Checkpoint
+    from analyzer.results.outcome import ModelOutcome
+
+    search = {"a": 1000.0, "b": 980.0, "c": 950.0, "d": 920.0, "e": 850.0, "default": 500.0}
+    truth = {"a": 900.0, "b": 990.0, "c": 1000.0, "d": 700.0, "e": 1000.0, "default": 500.0}
+    jitter = [1.01, 0.99, 1.0, 1.02, 0.98, 1.0]  # b and c: 1% apart, each round's noise ~1%
+    calls: dict[str, int] = {}
+
+    class Noisy(_FakeProfiler):
+        def measure_point(self, result, trial, options) -> Measurement:
+            m = super().measure_point(result, trial, options)
+            n = calls[result.name] = calls.get(result.name, 0) + 1
+            factor = jitter[n % len(jitter)] if result.name == "b" else 1.0
+            m.metrics["perf_throughput"] = truth[result.name] * factor
+            return m
+
+    curves = {name: {16: (t, 5.0)} for name, t in search.items()}
+    profiler = Noisy(curves, rounds=None)
+    spec = ModelSpec("m", objectives={"perf_throughput": 1.0})
+    results = [_searched(name, curves[name], 16) for name in search]
+    for r in results:
+        r.measurements[0].wall_s = 20.0  # 120 s of search: a budget of 30 s, 60 windows
+    results[-1].is_default = True
+    model = ModelOutcome(spec, results)
+    model.calibration = Calibration([1.0] * 5, 2.0, 6, 0.5)  # asks for 6 rounds
+    Ranker(spec.objectives, {}).rank(model.results)
+    run_final_comparison(profiler, model, PerfOptions(model="m"), Checkpoint(tmp_path), "fp")
+    c = model.comparison
+    assert c is not None
+    assert c.finalists == ["a", "b", "c", "d", "default"]  # e: 15% below the leader's point
+    assert c.pool_note.startswith("Beyond the search's top 2, c, d joined")
+    assert set(c.eliminated) == {"a", "d"}
+    assert c.eliminated["d"].startswith("behind c by 30.0%")
+    assert c.eliminated["d"].endswith("after 3 rounds")
+    by_name = {r.name: r for r in model.results}
+    assert len(by_name["a"].final.rounds) == 3 and len(by_name["c"].final.rounds) == 6
+    assert c.rounds == 6 and c.points == 3 * 5 + 3 * 3
+    assert c.leader == "c" and c.tied == ["c", "b"]  # b: 1% behind, within TIE_MARGIN
+    assert "Left the race: a (behind c by 10.0%" in how_sure(c)
+    assert Comparison.from_dict(c.to_dict()) == c
+
+
+def test_a_rounds_window_holds_enough_requests_and_no_more():
+    from analyzer.final_comparison import round_options, round_window_ms
+    from analyzer.loadgen.perf import PerfOptions
+
+    options = PerfOptions(model="m")  # the search's shortest window: 1000 ms
+    assert round_window_ms(options, 8000.0) == 200  # 400 requests take 50 ms: the floor
+    assert round_window_ms(options, 1000.0) == 400
+    assert round_window_ms(options, 100.0) == 500  # half the search's window at most
+    assert round_window_ms(options, None) == 500
+    settings = round_options(options, 200).settings
+    assert (settings.window_ms, settings.min_window_ms, settings.warmup_ms) == (200, 200, 50)
+    assert round_options(options, 500).settings.warmup_ms == 125

@@ -353,7 +353,7 @@ def test_quick_mode_end_to_end(tmp_path):
     assert comparison["calibration"] == calibration
     assert len(calibration["throughputs"]) == 5 and calibration["noise_pct"] >= 0
     assert 3 <= comparison["rounds"] <= calibration["rounds"] <= 10
-    assert f"{comparison['rounds']} rounds from an A/A calibration of the default config" in text
+    assert "Rounds from an A/A calibration of the default config" in text
     checkpoint = (tmp_path / "EXP" / "checkpoints" / "profile.ckpt.jsonl").read_text()
     assert checkpoint.count('"type": "calibration"') == 5
     configs = [c for c in document["models"][0]["configs"] if c["measurements"]]

@@ -71,7 +71,7 @@ def test_summary_names_the_recommendation_and_lists_every_config(run):
     assert (ratio is None) == (comparison["recommended"] == default_name(model))
     if ratio is not None:
         assert ratio["low"] <= ratio["estimate"] <= ratio["high"]
-    assert "How sure: the top" in html.unescape(page)
+    assert "configs were measured again side by side" in html.unescape(page)
     assert [alt for alt, _ in images] == [
         "throughput vs p99 latency per config, Pareto front marked",
         "final comparison: throughput and p99 with 95% intervals",

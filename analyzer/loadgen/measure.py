@@ -106,6 +106,8 @@ class Measurer:
         self._parts = []  # records of the previous load level are not this point's
         if self.settings.mode == "adaptive":
             window, windows, stable, ci = self._adaptive(mode, value)
+        elif self.settings.mode == "fixed":
+            window, windows, stable, ci = self._fixed()
         else:
             window, windows, stable, ci = self._perf_analyzer_windows()
         point = self._point(mode, value, window, windows, stable, ci, time.monotonic() - started)
@@ -133,6 +135,20 @@ class Measurer:
             if len(windows) >= 3 and windows_stable(windows[-3:], s.stability_pct, s.percentile):
                 return merge(windows[-3:]), len(windows), True, windows_ci(windows, s.percentile)
         return merge(windows[-3:]), len(windows), False, windows_ci(windows, s.percentile)
+
+    # ---- one fixed window -----------------------------------------------------------------------
+    def _fixed(self) -> tuple[Window, int, bool, tuple[float | None, float | None]]:
+        """A warm-up, then one window of window_ms, with no stopping rule: the final
+        comparison's rounds, whose spread across rounds is the interval. Stable by definition;
+        the window's own CIs are still reported."""
+        s = self.settings
+        self._run_for(s.warmup_ms / 1000.0)
+        t0, stats0 = self._stats()
+        self._run_for(s.window_ms / 1000.0)
+        t1, stats1 = self._stats()
+        recs = self._records().ended_in(t0, t1)
+        _, ci = ci_verdict(recs, t0, t1, s.stability_pct)
+        return Window(t0, t1, recs, stats0, stats1), 1, True, ci
 
     # ---- adaptive rule -------------------------------------------------------------------------
     def _adaptive(self, mode: str, value: float):

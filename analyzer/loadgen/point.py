@@ -12,7 +12,7 @@ from analyzer.loadgen.server_stats import ServerBreakdown
 
 @dataclass
 class MeasureSettings:
-    mode: str = "adaptive"
+    mode: str = "adaptive"  # | time_windows | count_windows | fixed (one window, no rule)
     window_ms: int = 5000  # perf_analyzer's -p / --measurement-interval
     request_count: int = 50  # --measurement-request-count (count_windows)
     stability_pct: float = 10.0  # -s

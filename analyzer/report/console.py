@@ -296,12 +296,18 @@ def recommendation(winner: ConfigResult, default: ConfigResult | None) -> str:
 def how_sure(comparison: Comparison) -> str:
     """The "how sure" line: what the final rounds say of the recommendation."""
     c = comparison
-    text = (f"How sure: the top {len(c.finalists)} configs were measured again side by side in "
-            f"{c.rounds} interleaved rounds ({c.points} points, {c.seconds:.0f} s of measuring; "
-            f"the search took {c.search_points} points, {c.search_seconds:.0f} s); intervals are "
-            "95% Student t over the rounds, differences paired by round.")  # fmt: skip
+    text = (f"How sure: {len(c.finalists)} configs were measured again side by side in "
+            f"up to {c.rounds} interleaved rounds ({c.points} points, {c.seconds:.0f} s of "
+            f"measuring; the search took {c.search_points} points, {c.search_seconds:.0f} s); "
+            "intervals are 95% Student t over the rounds, differences paired by round."
+            )  # fmt: skip
+    if c.pool_note:
+        text += f" {c.pool_note}."
     if c.rounds_note:
-        text += f" {c.rounds} rounds {c.rounds_note}."
+        text += f" Rounds {c.rounds_note}."
+    if c.eliminated:
+        text += " Left the race: " + "; ".join(f"{n} ({why})" for n, why in c.eliminated.items())
+        text += "."
     if c.load_checks:
         text += (f" Each finalist was also measured one load level up in the first round; "
                  f"{_moved(c)}.")

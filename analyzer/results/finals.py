@@ -9,9 +9,9 @@ those rounds only.
 Intervals are Student-t 95% intervals over the rounds: of the mean for throughput and p99, and,
 for comparisons, of the mean per-round difference of the ranking score (for a throughput
 objective, the log of the throughput ratio), paired by round so that drift between rounds cancels.
-A config whose interval of the difference to the leader contains zero is tied with it within
-noise; among the tied the recommendation takes the cheapest: fewest instances, then least memory,
-then the smallest max batch size.
+A config whose interval of the difference to the leader reaches above -TIE_MARGIN is tied with it
+within noise; among the tied the recommendation takes the cheapest: fewest instances, then least
+memory, then the smallest max batch size.
 """
 
 from __future__ import annotations
@@ -74,15 +74,12 @@ def combine(rounds: list[Measurement]) -> Measurement:
     )  # fmt: skip
 
 
-def round_orders(names: list[str], rounds: int) -> list[list[str]]:
-    """Each round's order: rotated by one every round, reversed every other round, so that no
+def round_order(names: list[str], index: int) -> list[str]:
+    """Round `index`'s order: rotated by one every round, reversed every other round, so that no
     config is always measured first, or always right after the same neighbour."""
-    orders = []
-    for i in range(rounds):
-        shift = i % len(names)
-        order = names[shift:] + names[:shift]
-        orders.append(order[::-1] if i % 2 else order)
-    return orders
+    shift = index % len(names) if names else 0
+    order = names[shift:] + names[:shift]
+    return order[::-1] if index % 2 else order
 
 
 @dataclass
@@ -124,20 +121,27 @@ def summarize(rounds: list[Measurement]) -> FinalResult:
     )
 
 
+TIE_MARGIN = 0.02  # a config less than this far behind the leader is never "behind beyond noise"
+
+
 def mark_ties(
     finals: dict[str, FinalResult], leader: str, score: Callable[[Measurement], float]
 ) -> list[str]:
     """Sets vs_leader/tied on every finalist; returns the names tied with the leader (leader
-    first). Paired by round: round i of each config was measured minutes apart at most."""
+    first). Paired by round (round i of each config was measured minutes apart at most), over
+    the rounds both ran (a finalist that left the race ran fewer). Tied: the interval of the
+    difference reaches above -log(1 + TIE_MARGIN). A difference the rounds can resolve but that
+    is smaller than TIE_MARGIN is no reason to prefer one config: identical configs measured
+    side by side came out "ahead beyond noise" by 1.4% (A/A), as one pair in twenty will."""
     base = [score(m) for m in finals[leader].rounds]
     tied = [leader]
     finals[leader].tied = True
     for name, final in finals.items():
         if name == leader:
             continue
-        diffs = [score(m) - b for m, b in zip(final.rounds, base, strict=True)]
+        diffs = [score(m) - b for m, b in zip(final.rounds, base, strict=False)]
         final.vs_leader = mean_interval(diffs)
-        final.tied = final.vs_leader.low <= 0.0 <= final.vs_leader.high
+        final.tied = final.vs_leader.high >= -math.log1p(TIE_MARGIN)
         if final.tied:
             tied.append(name)
     return tied
@@ -198,24 +202,26 @@ class Calibration:
     noise_pct: float  # standard deviation of log throughput, in % (a CV)
     rounds: int  # rounds it asks for (rounds_for_noise)
     window_s: float  # mean wall time of one window: what one finalist's round will cost
+    window_ms: int = 0  # the measuring window: the rounds use the same, so the noise transfers
 
     def to_dict(self) -> dict[str, Any]:
         return {"throughputs": [round(t, 2) for t in self.throughputs],
                 "noise_pct": round(self.noise_pct, 2), "rounds": self.rounds,
-                "window_s": round(self.window_s, 3)}  # fmt: skip
+                "window_s": round(self.window_s, 3), "window_ms": self.window_ms}  # fmt: skip
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Calibration:
         return Calibration(list(data["throughputs"]), float(data["noise_pct"]),
-                           int(data["rounds"]), float(data["window_s"]))  # fmt: skip
+                           int(data["rounds"]), float(data["window_s"]),
+                           int(data.get("window_ms", 0)))  # fmt: skip
 
 
-def calibrate(windows: list[Measurement]) -> Calibration:
+def calibrate(windows: list[Measurement], window_ms: int = 0) -> Calibration:
     throughputs = [m.metrics["perf_throughput"] for m in windows]
     logs = [math.log(max(t, 1e-12)) for t in throughputs]
     noise = statistics.stdev(logs) if len(logs) > 1 else 0.0
     return Calibration(throughputs, 100.0 * noise, rounds_for_noise(noise),
-                       statistics.fmean(m.wall_s for m in windows))  # fmt: skip
+                       statistics.fmean(m.wall_s for m in windows), window_ms)  # fmt: skip
 
 
 def rounds_for_noise(noise: float) -> int:
@@ -226,16 +232,6 @@ def rounds_for_noise(noise: float) -> int:
         if t95(n - 1) * math.sqrt(2.0) * noise / math.sqrt(n) <= RESOLUTION:
             return n
     return MAX_ROUNDS
-
-
-def affordable_rounds(wanted: int, finalists: int, round_s: float, search_s: float,
-                      spent_s: float = 0.0) -> int:  # fmt: skip
-    """`wanted`, lowered until the rounds, with `spent_s` already spent on the calibration, cost
-    at most BUDGET of the search (not below MIN_ROUNDS)."""
-    if round_s <= 0 or finalists <= 0:
-        return wanted
-    return max(MIN_ROUNDS,
-               min(wanted, int((BUDGET * search_s - spent_s) / (finalists * round_s))))
 
 
 @dataclass
@@ -260,6 +256,9 @@ class Comparison:
     # finalists whose rounds run one load level above the search's best point
     load_checks: dict[str, str] = field(default_factory=dict)
     moved: list[str] = field(default_factory=list)
+    # finalists that left the race: shown behind the leader beyond TIE_MARGIN (one clause each)
+    eliminated: dict[str, str] = field(default_factory=dict)
+    pool_note: str = ""  # why finalists beyond the search's top joined, one clause
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -272,6 +271,7 @@ class Comparison:
             "dropped": self.dropped,
             "calibration": self.calibration.to_dict() if self.calibration else None,
             "rounds_note": self.rounds_note, "load_checks": self.load_checks, "moved": self.moved,
+            "eliminated": self.eliminated, "pool_note": self.pool_note,
         }  # fmt: skip
 
     @staticmethod
