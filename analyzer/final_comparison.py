@@ -20,8 +20,10 @@ A search's single points rank its configs by noise as much as by merit: on tiny_
 placed the true best 4th to 6th, 4-12% below its leader, in 6 of 10 runs. So the finalists are the
 search's top `num_configs_per_model`, plus up to as many more whose best point is within the
 search's noise band of the leader's (`pool_band`), plus the default. The rounds then race them:
-from the third round on, a finalist shown behind the leader beyond TIE_MARGIN leaves the rounds,
-so the budget goes into the configs the rounds cannot yet tell apart.
+from the third round on, a finalist shown behind the leader beyond noise leaves the rounds, and
+rounds go on, within the budget, while a finalist is still tied with the leader: the budget goes
+into the configs the rounds cannot yet tell apart (a quiet calibration asks for 3 rounds, but
+rounds of different configs vary more than back-to-back windows of one).
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from analyzer.loadgen.perf import PerfOptions
 from analyzer.results.checkpoint import Checkpoint, point_key
 from analyzer.results.finals import (
     BUDGET,
+    CLOSE_MARGIN,
+    MAX_ROUNDS,
     MIN_ROUNDS,
     RESOLUTION,
-    TIE_MARGIN,
     Calibration,
     Comparison,
     FinalResult,
@@ -329,9 +332,14 @@ def _measure_rounds(
     racing = list(by_name)
     used = float(len(check.levels))  # windows spent: the load checks are paid up front
     ran = 0
-    for index in range(planned):
+    open_tie = True
+    # with a budget, rounds beyond the calibration's go on while a tie is open (up to MAX_ROUNDS)
+    limit = max(planned, MAX_ROUNDS) if plan.budget is not None else planned
+    for index in range(limit):
         names = [n for n in racing if n not in comparison.dropped]
         if index >= MIN_ROUNDS and plan.budget is not None and used + len(names) > plan.budget:
+            break
+        if index >= planned and not open_tie:
             break
         ran = index + 1
         for name in round_order(names, index):
@@ -363,38 +371,42 @@ def _measure_rounds(
                         measurement = up
             got[name].append(measurement)
         if ran >= MIN_ROUNDS:
-            racing = _eliminate(racing, got, comparison, check.ranker, default, ran)
+            racing, open_tie = _eliminate(racing, got, comparison, check.ranker, default, ran)
             if len([n for n in racing if default is None or n != default.name]) <= 1:
                 break  # one config left in the race: more rounds would only refine the default
     comparison.rounds = ran
     if plan.budget is not None and ran < planned:
         comparison.rounds_note += (f"; {ran} kept the comparison, its load checks and the "
                                    "calibration within a quarter of the search's time")  # fmt: skip
+    elif ran > planned:
+        comparison.rounds_note += f"; {ran} ran, while a finalist was still tied with the leader"
     profiler.session.unload_all({n for n, start in loaded.items()
                                  if start == profiler.outcome.worker_starts})  # fmt: skip
     return got
 
 
 def _eliminate(racing: list[str], got: dict[str, list[Measurement]], comparison: Comparison,
-               ranker: Ranker, default: ConfigResult | None, ran: int) -> list[str]:  # fmt: skip
-    """The finalists still racing after round `ran`: one whose paired score difference to the
-    current leader lies wholly below -log(1 + TIE_MARGIN) has lost (the reason goes to
-    `comparison.eliminated`). The default races to the end: the recommendation's gain over it
-    needs its rounds."""
+               ranker: Ranker, default: ConfigResult | None,
+               ran: int) -> tuple[list[str], bool]:  # fmt: skip
+    """The finalists still racing after round `ran`, and whether one of them is still tied with
+    the leader: one whose paired score difference to the current leader lies wholly below zero
+    has lost (the reason goes to `comparison.eliminated`). The default races to the end (the
+    recommendation's gain over it needs its rounds) but never keeps the race going."""
     alive = [n for n in racing if n not in comparison.dropped and got[n]]
     meeting = [n for n in alive if not ranker.violations(combine(got[n]))] or alive
     if not meeting:
-        return racing
+        return racing, False
     mean = {n: statistics.fmean(ranker.score(m) for m in got[n]) for n in alive}
     leader = max(meeting, key=lambda n: mean[n])
     base = [ranker.score(m) for m in got[leader]]
     keep = []
+    open_tie = False
     for name in racing:
         if name == leader or name not in alive or (default is not None and name == default.name):
             keep.append(name)
             continue
         diff = mean_interval([ranker.score(m) - b for m, b in zip(got[name], base, strict=False)])
-        if diff.high < -math.log1p(TIE_MARGIN):
+        if diff.high < 0.0:
             comparison.eliminated[name] = (
                 f"behind {leader} by {100 * -math.expm1(diff.estimate):.1f}% (95% CI "
                 f"{100 * -math.expm1(diff.high):.1f}-{100 * -math.expm1(diff.low):.1f}%) after "
@@ -402,7 +414,8 @@ def _eliminate(racing: list[str], got: dict[str, list[Measurement]], comparison:
             )  # fmt: skip
         else:
             keep.append(name)
-    return keep
+            open_tie = True
+    return keep, open_tie
 
 
 def _checked(
@@ -466,6 +479,23 @@ def _measure_finalist(
     return measurement
 
 
+def _close_lead(leader: str, finals: dict[str, FinalResult], meeting: list[str]) -> str:
+    """When the leader is ahead of every finalist beyond noise but of the nearest by less than
+    CLOSE_MARGIN, one clause saying so: identical configs side by side came out 1.4% apart
+    "beyond noise" (A/A), as one pair in twenty will."""
+    others = [n for n in meeting if n != leader and finals[n].vs_leader is not None]
+    if not others:
+        return ""
+    nearest = max(others, key=lambda n: finals[n].vs_leader.estimate)  # type: ignore[union-attr]
+    gap = finals[nearest].vs_leader
+    assert gap is not None
+    if -gap.estimate >= math.log1p(CLOSE_MARGIN):
+        return ""
+    return (f"but by only {100 * -math.expm1(gap.estimate):.1f}% over {nearest} (95% CI "
+            f"{100 * -math.expm1(gap.high):.1f}-{100 * -math.expm1(gap.low):.1f}%): under "
+            f"{100 * CLOSE_MARGIN:.0f}%, a gap that another run may reverse")
+
+
 def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigResult],
               finals: dict[str, FinalResult], default: ConfigResult | None) -> None:  # fmt: skip
     """What the rounds say: the leader, the configs tied with it within noise, the cheapest of
@@ -485,6 +515,8 @@ def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigR
     chosen_name, reason = cheapest([(n, by_name[n].description, finals[n].combined)
                                     for n in close])  # fmt: skip
     comparison.recommended = chosen_name
+    if comparison.tied == [leader]:
+        comparison.close_lead = _close_lead(leader, finals, meeting)
     if chosen_name != leader:
         comparison.why = (f"{chosen_name} is tied with {leader} within noise and is cheaper: "
                           f"{reason}; it is recommended")  # fmt: skip

@@ -288,8 +288,8 @@ def test_configs_within_the_search_noise_join_the_finalists_and_the_clearly_behi
 ):
     """Brute force's single points placed the true best 4th-6th: the finalists are the search's
     top `num_configs_per_model` plus the configs within its noise band (10% here), and the
-    rounds race them: after the third round a finalist shown behind the leader leaves, and the
-    ones still tied go on until the calibration's rounds are done."""
+    rounds race them: from the third round a finalist shown behind the leader leaves, and the
+    rounds go on while one is still tied, within the budget."""
     from analyzer.config.model_specs import ModelSpec
     from analyzer.final_comparison import run_final_comparison
     from analyzer.loadgen.perf import PerfOptions
@@ -325,14 +325,21 @@ def test_configs_within_the_search_noise_join_the_finalists_and_the_clearly_behi
     assert c is not None
     assert c.finalists == ["a", "b", "c", "d", "default"]  # e: 15% below the leader's point
     assert c.pool_note.startswith("Beyond the search's top 2, c, d joined")
-    assert set(c.eliminated) == {"a", "d"}
+    assert set(c.eliminated) == {"a", "b", "d"}
     assert c.eliminated["d"].startswith("behind c by 30.0%")
     assert c.eliminated["d"].endswith("after 3 rounds")
+    # b, 1% behind with 1% noise, stays tied for 3 rounds: the race goes on past the 6 rounds the
+    # calibration asked for, within the budget, until the rounds tell b from c
+    assert c.eliminated["b"].startswith("behind c by 1.1%")
+    assert c.eliminated["b"].endswith("after 8 rounds")
     by_name = {r.name: r for r in model.results}
-    assert len(by_name["a"].final.rounds) == 3 and len(by_name["c"].final.rounds) == 6
-    assert c.rounds == 6 and c.points == 3 * 5 + 3 * 3
-    assert c.leader == "c" and c.tied == ["c", "b"]  # b: 1% behind, within TIE_MARGIN
-    assert "Left the race: a (behind c by 10.0%" in how_sure(c)
+    assert len(by_name["a"].final.rounds) == 3 and len(by_name["c"].final.rounds) == 8
+    assert c.rounds == 8 and c.points == 3 * 5 + 5 * 3
+    assert "8 ran, while a finalist was still tied with the leader" in c.rounds_note
+    assert c.leader == c.recommended == "c" and c.tied == ["c"]
+    text = how_sure(c)
+    assert "Left the race: a (behind c by 10.0%" in text
+    assert "c is ahead of every other finalist beyond noise, but by only 1.1% over b" in text
     assert Comparison.from_dict(c.to_dict()) == c
 
 

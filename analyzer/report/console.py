@@ -321,7 +321,8 @@ def how_sure(comparison: Comparison) -> str:
     elif others:
         text += f" Tied with {c.recommended} within noise: {', '.join(others)}."
     elif c.recommended:
-        text += f" {c.recommended} is ahead of every other finalist beyond noise."
+        text += f" {c.recommended} is ahead of every other finalist beyond noise"
+        text += f", {c.close_lead}." if c.close_lead else "."
     if c.vs_default is not None:
         v = c.vs_default
         text += (f" Its throughput is {v.estimate:.2f}x the default config's "

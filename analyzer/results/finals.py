@@ -9,9 +9,9 @@ those rounds only.
 Intervals are Student-t 95% intervals over the rounds: of the mean for throughput and p99, and,
 for comparisons, of the mean per-round difference of the ranking score (for a throughput
 objective, the log of the throughput ratio), paired by round so that drift between rounds cancels.
-A config whose interval of the difference to the leader reaches above -TIE_MARGIN is tied with it
-within noise; among the tied the recommendation takes the cheapest: fewest instances, then least
-memory, then the smallest max batch size.
+A config whose interval of the difference to the leader contains zero is tied with it within
+noise; among the tied the recommendation takes the cheapest: fewest instances, then least memory,
+then the smallest max batch size.
 """
 
 from __future__ import annotations
@@ -121,18 +121,16 @@ def summarize(rounds: list[Measurement]) -> FinalResult:
     )
 
 
-TIE_MARGIN = 0.02  # a config less than this far behind the leader is never "behind beyond noise"
+CLOSE_MARGIN = 0.02  # a lead smaller than this is "beyond noise" but no reason to prefer a config
 
 
 def mark_ties(
     finals: dict[str, FinalResult], leader: str, score: Callable[[Measurement], float]
 ) -> list[str]:
     """Sets vs_leader/tied on every finalist; returns the names tied with the leader (leader
-    first). Paired by round (round i of each config was measured minutes apart at most), over
-    the rounds both ran (a finalist that left the race ran fewer). Tied: the interval of the
-    difference reaches above -log(1 + TIE_MARGIN). A difference the rounds can resolve but that
-    is smaller than TIE_MARGIN is no reason to prefer one config: identical configs measured
-    side by side came out "ahead beyond noise" by 1.4% (A/A), as one pair in twenty will."""
+    first): those whose interval of the difference contains zero. Paired by round (round i of
+    each config was measured minutes apart at most), over the rounds both ran (a finalist that
+    left the race ran fewer)."""
     base = [score(m) for m in finals[leader].rounds]
     tied = [leader]
     finals[leader].tied = True
@@ -141,7 +139,7 @@ def mark_ties(
             continue
         diffs = [score(m) - b for m, b in zip(final.rounds, base, strict=False)]
         final.vs_leader = mean_interval(diffs)
-        final.tied = final.vs_leader.high >= -math.log1p(TIE_MARGIN)
+        final.tied = final.vs_leader.low <= 0.0 <= final.vs_leader.high
         if final.tied:
             tied.append(name)
     return tied
@@ -256,9 +254,11 @@ class Comparison:
     # finalists whose rounds run one load level above the search's best point
     load_checks: dict[str, str] = field(default_factory=dict)
     moved: list[str] = field(default_factory=list)
-    # finalists that left the race: shown behind the leader beyond TIE_MARGIN (one clause each)
+    # finalists that left the race: shown behind the leader beyond noise (one clause each)
     eliminated: dict[str, str] = field(default_factory=dict)
     pool_note: str = ""  # why finalists beyond the search's top joined, one clause
+    # with no tie: the nearest finalist's lead, when under CLOSE_MARGIN (one clause), else ""
+    close_lead: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -272,6 +272,7 @@ class Comparison:
             "calibration": self.calibration.to_dict() if self.calibration else None,
             "rounds_note": self.rounds_note, "load_checks": self.load_checks, "moved": self.moved,
             "eliminated": self.eliminated, "pool_note": self.pool_note,
+            "close_lead": self.close_lead,
         }  # fmt: skip
 
     @staticmethod
