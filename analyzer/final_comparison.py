@@ -47,11 +47,12 @@ from analyzer.results.finals import (
     Calibration,
     Comparison,
     FinalResult,
+    behind_text,
     calibrate,
     cheapest,
     combine,
     mark_ties,
-    mean_interval,
+    paired_difference,
     ratio_interval,
     round_order,
     summarize,
@@ -311,10 +312,11 @@ def _measure_rounds(
 ) -> dict[str, list[Measurement]]:  # fmt: skip
     """Every finalist still racing once a round, in each round's order, at its best search point
     (or, after the first round's load check, one level up): the measurements per finalist.
-    Rounds go on until `plan.wanted`, or until the next one would pass the budget (the first
-    MIN_ROUNDS always run); from MIN_ROUNDS on, finalists shown behind the leader leave (see
-    `_eliminate`). A finalist that fails is dropped (with its reason); the finalists left loaded
-    are unloaded at the end."""
+    Rounds go on until `plan.wanted`, and past it (up to MAX_ROUNDS) while a finalist is still
+    tied with the leader, unless the next one would pass the budget (the first MIN_ROUNDS always
+    run); from MIN_ROUNDS on, finalists shown behind the leader leave (see `_eliminate`). A
+    finalist that fails is dropped (with its reason); the finalists left loaded are unloaded at
+    the end."""
     planned = plan.wanted
     trials = {}
     for r in by_name.values():
@@ -398,20 +400,16 @@ def _eliminate(racing: list[str], got: dict[str, list[Measurement]], comparison:
         return racing, False
     mean = {n: statistics.fmean(ranker.score(m) for m in got[n]) for n in alive}
     leader = max(meeting, key=lambda n: mean[n])
-    base = [ranker.score(m) for m in got[leader]]
     keep = []
     open_tie = False
     for name in racing:
         if name == leader or name not in alive or (default is not None and name == default.name):
             keep.append(name)
             continue
-        diff = mean_interval([ranker.score(m) - b for m, b in zip(got[name], base, strict=False)])
+        diff = paired_difference(got[name], got[leader], ranker.score)
         if diff.high < 0.0:
-            comparison.eliminated[name] = (
-                f"behind {leader} by {100 * -math.expm1(diff.estimate):.1f}% (95% CI "
-                f"{100 * -math.expm1(diff.high):.1f}-{100 * -math.expm1(diff.low):.1f}%) after "
-                f"{ran} rounds"
-            )  # fmt: skip
+            comparison.eliminated[name] = (f"behind {leader} by {behind_text(diff)} after "
+                                           f"{ran} rounds")  # fmt: skip
         else:
             keep.append(name)
             open_tie = True
@@ -491,8 +489,7 @@ def _close_lead(leader: str, finals: dict[str, FinalResult], meeting: list[str])
     assert gap is not None
     if -gap.estimate >= math.log1p(CLOSE_MARGIN):
         return ""
-    return (f"but by only {100 * -math.expm1(gap.estimate):.1f}% over {nearest} (95% CI "
-            f"{100 * -math.expm1(gap.high):.1f}-{100 * -math.expm1(gap.low):.1f}%): under "
+    return (f"but by only {behind_text(gap).replace('%', '% over ' + nearest, 1)}: under "
             f"{100 * CLOSE_MARGIN:.0f}%, a gap that another run may reverse")
 
 

@@ -121,6 +121,21 @@ def summarize(rounds: list[Measurement]) -> FinalResult:
     )
 
 
+def paired_difference(rounds: list[Measurement], base: list[Measurement],
+                      score: Callable[[Measurement], float]) -> Interval:  # fmt: skip
+    """The interval of the mean per-round score difference rounds - base, paired by round over
+    the rounds both ran (a finalist that left the race ran fewer)."""
+    return mean_interval([score(m) - score(b) for m, b in zip(rounds, base, strict=False)])
+
+
+def behind_text(difference: Interval) -> str:
+    """A negative log-score difference as "X% (95% CI a-b%)" behind."""
+    def pct(x: float) -> str:
+        return f"{100 * -math.expm1(x):.1f}"
+
+    return f"{pct(difference.estimate)}% (95% CI {pct(difference.high)}-{pct(difference.low)}%)"
+
+
 CLOSE_MARGIN = 0.02  # a lead smaller than this is "beyond noise" but no reason to prefer a config
 
 
@@ -131,14 +146,12 @@ def mark_ties(
     first): those whose interval of the difference contains zero. Paired by round (round i of
     each config was measured minutes apart at most), over the rounds both ran (a finalist that
     left the race ran fewer)."""
-    base = [score(m) for m in finals[leader].rounds]
     tied = [leader]
     finals[leader].tied = True
     for name, final in finals.items():
         if name == leader:
             continue
-        diffs = [score(m) - b for m, b in zip(final.rounds, base, strict=False)]
-        final.vs_leader = mean_interval(diffs)
+        final.vs_leader = paired_difference(final.rounds, finals[leader].rounds, score)
         final.tied = final.vs_leader.low <= 0.0 <= final.vs_leader.high
         if final.tied:
             tied.append(name)
@@ -200,7 +213,7 @@ class Calibration:
     noise_pct: float  # standard deviation of log throughput, in % (a CV)
     rounds: int  # rounds it asks for (rounds_for_noise)
     window_s: float  # mean wall time of one window: what one finalist's round will cost
-    window_ms: int = 0  # the measuring window: the rounds use the same, so the noise transfers
+    window_ms: int = 0  # its windows, sized like the rounds' (round_window_ms) at its throughput
 
     def to_dict(self) -> dict[str, Any]:
         return {"throughputs": [round(t, 2) for t in self.throughputs],
