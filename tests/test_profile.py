@@ -313,6 +313,11 @@ def test_a_config_that_crashes_the_worker_is_recorded_and_the_worker_restarted(t
     assert document["stats"]["worker_starts"] >= 3  # one more after each crash
     assert len(document["top_across_models"]) == 2
     assert "Top 2 configs across models" in run.stdout
+    across = "Best Configs Across All Models"  # MA's report key and folder name
+    page = tmp_path / "EXP" / "reports" / "summaries" / across / "result_summary.html"
+    assert all(name in page.read_text() for name in document["top_across_models"])
+    plot = tmp_path / "EXP" / "plots" / "simple" / across / "throughput_v_latency.png"
+    assert plot.read_bytes().startswith(b"\x89PNG")
     assert not workers_serving(tmp_path / "OUT")
 
 

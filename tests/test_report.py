@@ -214,3 +214,64 @@ def test_offline_mode_adds_throughput_by_client_batch_size(run, tmp_path):
     done = subprocess.run([sys.executable, "-m", "analyzer", "-m", "batchy", "report", "-e",
                            str(copy)], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "-m/--mode is 'batchy'" in done.stderr
+
+
+def png_names(folder) -> list[str]:
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in folder.glob("*.png"))
+    return sorted(p.stem for p in folder.glob("*.png"))
+
+
+def test_plots_folder_as_model_analyzer_lays_it_out(run):
+    """MA's `plots/`: the summary's preset per model (no GPU sampled here, so RAM vs p99 takes
+    the GPU memory plot's place) and, for each config given a detailed report, its latency
+    breakdown and the report preset's plots without the GPU ones."""
+    document = results(run / "EXP")
+    model = document["models"][0]
+    plots = run / "EXP" / "plots"
+    assert png_names(plots / "simple" / "add_sub") == ["cpu_mem_v_latency", "throughput_v_latency"]
+    detailed = sorted({*model["top"], default_name(model)})
+    assert sorted(p.name for p in (plots / "detailed").iterdir()) == detailed
+    for name in detailed:
+        assert png_names(plots / "detailed" / name) == ["latency_breakdown"]
+        assert png_names(plots / "simple" / name) == ["cpu_mem_v_latency"]
+
+
+def test_report_plots_key_draws_the_plots_named(run, tmp_path):
+    """MA's report key `plots` (every detailed report's) and a config's own `plots` under
+    `report_model_configs`, which replaces it for that config; a plot whose axis is no metric
+    is one clear error that names it, before anything is written."""
+    copy = tmp_path / "EXP"
+    shutil.copytree(run / "EXP", copy)
+    shutil.rmtree(copy / "plots")
+    model = results(copy)["models"][0]
+    default = default_name(model)
+    winner = min((c for c in model["configs"] if c["measurements"] and not c["is_default"]),
+                 key=lambda c: c["rank"])["name"]
+    config = tmp_path / "report.yaml"
+    config.write_text(
+        f"export_path: {copy}\n"
+        "plots:\n"
+        "  p50_v_load:\n"
+        "    {title: p50 vs concurrency, x_axis: concurrency_range, y_axis: perf_latency_p50}\n"
+        "report_model_configs:\n"
+        f"  - {default}\n"
+        f"  - {winner}:\n"
+        "      plots:\n"
+        "        tput:\n"
+        "          {title: T, x_axis: perf_latency_p99, y_axis: perf_throughput, monotonic: true}\n"
+    )  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "analyzer", "report", "-f", str(config)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert png_names(copy / "plots" / "simple" / default) == ["p50_v_load"]
+    assert png_names(copy / "plots" / "simple" / winner) == ["tput"]
+    assert png_names(copy / "plots" / "detailed" / winner) == ["latency_breakdown"]
+    shutil.rmtree(copy / "plots")
+    config.write_text(f"export_path: {copy}\nplots:\n  bad:\n"
+                      "    {title: B, x_axis: perf_latency_p99, y_axis: perf_thruput}\n")
+    done = subprocess.run([sys.executable, "-m", "analyzer", "report", "-f", str(config)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert f"{config}: plot 'bad' y_axis 'perf_thruput' is not a metric or load key" in (
+        done.stderr)
+    assert not (copy / "plots").exists()

@@ -1,9 +1,10 @@
 """`model-analyzer report`: the reports of a profile run rebuilt from its stored results.
 
 MA's report keys, as flags and in a YAML file (`-f`): `export_path`, `report_model_configs`
-(the configs to write detailed reports of), `output_formats`, `checkpoint_directory`, `plots`
-and `always_report_gpu_metrics`; the last three are accepted with a note (the results file is
-the source here, and the plots are ours).
+(the configs to write detailed reports of, each optionally with its own `plots`),
+`output_formats`, `plots` (the detailed reports' plots, written as MA's `plots/` files),
+`checkpoint_directory` and `always_report_gpu_metrics`; the last two are accepted with a note
+(the results file is the source here, and GPU columns show whenever a GPU was sampled).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def report(
         for note in refresh_from_studies(export, load_results(export), storage):
             typer.echo(f"note: {note}")
         written = render_reports(export, ("html", *values["output_formats"]),
-                                 configs=values["report_model_configs"])  # fmt: skip
+                                 configs=values["report_model_configs"],
+                                 plot_specs=values["plots"])  # fmt: skip
     except AnalyzerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -116,11 +118,11 @@ def _settings(config_file: Path | None, flags: dict[str, Any]) -> tuple[dict[str
     merged = {**raw, **{k: v for k, v in flags.items() if v is not None}}
     notes = []
     for key, why in (("checkpoint_directory", "the run's results file is the source"),
-                     ("plots", "the reports draw their own plots"),
                      ("always_report_gpu_metrics", "GPU columns are shown whenever a GPU was "
                                                    "sampled")):  # fmt: skip
         if merged.get(key) not in (None, False):
             notes.append(f"'{key}' is accepted and changes nothing here: {why}")
+    merged["plots"] = _plots(merged.get("plots"), merged.get("report_model_configs"), where)
     merged["report_model_configs"] = _names(merged.get("report_model_configs"), where)
     formats = _names(merged.get("output_formats"), where) or ["html"]
     bad = [f for f in formats if f not in FORMATS]
@@ -128,6 +130,33 @@ def _settings(config_file: Path | None, flags: dict[str, Any]) -> tuple[dict[str
         raise _BadInput(f"{where}: output format '{bad[0]}' is not one of {', '.join(FORMATS)}")
     merged["output_formats"] = formats
     return merged, notes
+
+
+def _plots(value: Any, configs: Any, where: str):
+    """MA's `plots` (every detailed report's) and each `report_model_configs` entry's own
+    `plots`, which replaces it for that config; checked whole before anything is drawn."""
+    from analyzer.report.html import PlotChoice
+    from analyzer.report.plot_files import PlotSpecError, parse_plots
+
+    entries: list[tuple[Any, Any]] = []
+    if isinstance(configs, dict):
+        entries = list(configs.items())
+    elif isinstance(configs, list):
+        entries = [pair for item in configs if isinstance(item, dict) for pair in item.items()]
+    try:
+        per_config = {}
+        for name, fields in entries:
+            if fields is None:
+                continue
+            if not isinstance(fields, dict) or any(k != "plots" for k in fields):
+                raise _BadInput(f"{where}: report_model_configs '{name}' may only hold 'plots', "
+                                f"got {fields!r}")  # fmt: skip
+            if "plots" in fields:
+                per_config[str(name)] = parse_plots(fields["plots"], f"{where}: '{name}'")
+        default = parse_plots(value, where) if value is not None else None
+    except PlotSpecError as exc:
+        raise _BadInput(str(exc)) from None
+    return PlotChoice(default, per_config)
 
 
 def _names(value: Any, where: str) -> list[str] | None:

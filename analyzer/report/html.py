@@ -7,16 +7,19 @@ single files: CSS inline, plots as PNG data URIs.
 
 from __future__ import annotations
 
+import base64
 import json
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from analyzer.commands import mode
 from analyzer.errors import AnalyzerError
 from analyzer.fsutil import atomic_write_bytes, atomic_write_text
-from analyzer.report import plots
+from analyzer.report import plot_files, plots
 from analyzer.report.console import how_sure
 from analyzer.report.exports import RESULTS_FILE
 from analyzer.results.finals import Comparison
@@ -108,12 +111,27 @@ def _constraint_lines(model: dict[str, Any]) -> list[str]:
 REPORTS = ("summary", "detailed")
 
 
+@dataclass(frozen=True)
+class PlotChoice:
+    """MA's report keys `plots` (every detailed report's plots; default: the `-m/--mode`
+    preset) and `report_model_configs: {<config>: {plots: ...}}` (one config's, instead)."""
+
+    default: tuple[plot_files.PlotSpec, ...] | None = None
+    per_config: dict[str, tuple[plot_files.PlotSpec, ...]] = field(default_factory=dict)
+
+    def for_config(self, name: str) -> tuple[plot_files.PlotSpec, ...]:
+        if name in self.per_config:
+            return self.per_config[name]
+        return self.default if self.default is not None else plot_files.REPORT_PLOTS[mode.mode]
+
+
 def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
-                 parts: tuple[str, ...] = REPORTS,
-                 chosen: list[str] | None = None) -> list[Path]:  # fmt: skip
+                 parts: tuple[str, ...] = REPORTS, chosen: list[str] | None = None,
+                 plot_specs: PlotChoice | None = None) -> list[Path]:  # fmt: skip
     """The summary of one model and the detailed report of each of its top configs (`parts`
     names which of the two: MA's skip_summary_reports / skip_detailed_reports; `chosen`: the
-    configs to write detailed reports of instead, MA's report_model_configs)."""
+    configs to write detailed reports of instead, MA's report_model_configs), and MA's
+    `plots/` files of both beside `out` (`plot_specs`: the detailed reports' plots)."""
     env = _environment()
     css = (TEMPLATES / "base.css").read_text()
     measured = [c for c in model["configs"] if c["measurements"]]
@@ -136,8 +154,14 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
                      "detailed": c in top and "detailed" in parts})  # fmt: skip
     written = [] if "detailed" not in parts else [
         _render_detailed(env, css, model, c, winner, out) for c in top]  # fmt: skip
+    choice = plot_specs or PlotChoice()
+    if "detailed" in parts:
+        for c in top:
+            written += plot_files.write_detailed_plots(out.parent, c, choice.for_config(c["name"]))
     if "summary" not in parts:
         return written
+    written += plot_files.write_summary_plots(out.parent, model["name"], top,
+                                              model["constraints"], mode.mode)  # fmt: skip
     figures = _summary_figures(model, measured, winner, default)
     summary_dir = out / "summaries" / model["name"]
     summary_dir.mkdir(parents=True, exist_ok=True)
@@ -181,8 +205,6 @@ def _summary_figures(model: dict[str, Any], measured: list[dict[str, Any]],
         figures.append({"alt": "throughput vs load for the winner and the default",
                         "uri": plots.throughput_vs_load(
                             pair, "Throughput vs load: the winner and the default config")})
-        from analyzer.commands import mode
-
         if mode.mode == "offline":  # MA's offline preset: throughput by client batch size
             figures.append({"alt": "throughput vs client batch size for the winner and the "
                                    "default", "uri": plots.throughput_vs_batch_size(pair)})
@@ -221,11 +243,12 @@ def _render_detailed(env, css, model, config, winner, out: Path) -> Path:
 
 
 def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",),
-                   parts: tuple[str, ...] = REPORTS,
-                   configs: list[str] | None = None) -> list[Path]:  # fmt: skip
+                   parts: tuple[str, ...] = REPORTS, configs: list[str] | None = None,
+                   plot_specs: PlotChoice | None = None) -> list[Path]:  # fmt: skip
     """Every model's summary and its top configs' detailed reports (those of `parts`; `configs`:
-    the configs named, MA's report_model_configs, instead of the top ones); with "pdf" in
-    `formats` each summary is also rendered to result_summary.pdf beside it (WeasyPrint)."""
+    the configs named, MA's report_model_configs, instead of the top ones), MA's `plots/` files
+    of each; with "pdf" in `formats` each summary is also rendered to result_summary.pdf beside
+    it (WeasyPrint)."""
     document = load_results(export_path)
     if configs is not None:
         measured = {c["name"] for m in document["models"] for c in m["configs"]
@@ -238,7 +261,9 @@ def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",),
     out = export_path / "reports"
     written: list[Path] = []
     for model in document["models"]:
-        written += render_model(document, model, out, parts, configs)
+        written += render_model(document, model, out, parts, configs, plot_specs)
+    if "summary" in parts and document.get("top_across_models"):
+        written += _render_top_across(document, out)
     if "pdf" in formats:
         import weasyprint  # imported here: it loads pango, which the HTML path never needs
 
@@ -247,3 +272,32 @@ def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",),
             atomic_write_bytes(pdf, weasyprint.HTML(filename=str(page)).write_pdf())
             written.append(pdf)
     return written
+
+
+def _render_top_across(document: dict[str, Any], out: Path) -> list[Path]:
+    """MA's `Best Configs Across All Models` summary (num_top_model_configs): one ranking of the
+    best configs of every model, its table and the mode's preset plots, as a page and as
+    `plots/simple/Best Configs Across All Models/` files."""
+    by_name = {c["name"]: (m, c) for m in document["models"] for c in m["configs"]}
+    chosen = [by_name[n] for n in document["top_across_models"] if n in by_name]
+    if not chosen:
+        return []
+    configs = [c for _, c in chosen]
+    constraints = [m["constraints"] for m, _ in chosen]  # drawn only when every model shares them
+    shared = constraints[0] if all(c == constraints[0] for c in constraints) else {}
+    key = plot_files.TOP_ACROSS_MODELS
+    written = plot_files.write_summary_plots(out.parent, key, configs, shared, mode.mode)
+    rows = [{**c, "model": m["name"], "setting": _setting(c), "load": _load(c["best"])}
+            for m, c in chosen]  # fmt: skip
+    figures = [{"alt": path.stem.replace("_", " "),
+                "uri": "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()}
+               for path in written]  # fmt: skip
+    folder = out / "summaries" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    page = folder / "result_summary.html"
+    atomic_write_text(page, _environment().get_template("top_across_summary.html.j2").render(
+        css=(TEMPLATES / "base.css").read_text(), title=key, created=document["created"],
+        models=list(dict.fromkeys(m["name"] for m, _ in chosen)), ranking=rows, plots=figures,
+        source=RESULTS_FILE,
+    ))  # fmt: skip
+    return [page, *written]

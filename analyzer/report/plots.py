@@ -18,22 +18,27 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 WINNER, DEFAULT, OTHER, FRONT = "#1a7f37", "#6e7781", "#c8ccd1", "#cf222e"
 UNSTABLE = "#bc4c00"
-_STYLE = {"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9,
+STYLE = {"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9,
           "axes.spines.top": False, "axes.spines.right": False}  # fmt: skip
 
 
-def _uri(fig) -> str:
+def png(fig) -> bytes:
+    """The figure as PNG bytes (MA's plots/ files), closed."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return buffer.getvalue()
+
+
+def _uri(fig) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(fig)).decode()
 
 
 def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(config["measurements"], key=lambda m: (m["batch_size"], m["value"]))
 
 
-def _errors(pts: list[dict[str, Any]]) -> list[float]:
+def errors(pts: list[dict[str, Any]]) -> list[float]:
     """Each point's throughput error bar: its 95% CI half-width (window-to-window variation)."""
     return [m["metrics"]["perf_throughput"] * m["metrics"].get("perf_throughput_ci_pct", 0.0)
             / 100.0 for m in pts]  # fmt: skip
@@ -65,7 +70,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 def throughput_vs_latency(configs: list[dict[str, Any]], winner: str, default: str,
                           budget: float | None) -> str:  # fmt: skip
-    with plt.rc_context(_STYLE):
+    with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 4.2))
         everything = []
         unstable = False
@@ -83,7 +88,7 @@ def throughput_vs_latency(configs: list[dict[str, Any]], winner: str, default: s
             )  # fmt: skip
             ax.plot(xs, ys, "-o", color=color, lw=width, ms=3, zorder=z)
             if name in (winner, default):
-                ax.errorbar(xs, ys, yerr=_errors(pts), fmt="none", ecolor=color, elinewidth=1,
+                ax.errorbar(xs, ys, yerr=errors(pts), fmt="none", ecolor=color, elinewidth=1,
                             capsize=2, zorder=z)  # fmt: skip
                 ax.annotate(name, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4),
                             color=color, fontsize=8)  # fmt: skip
@@ -116,7 +121,7 @@ def throughput_vs_latency(configs: list[dict[str, Any]], winner: str, default: s
 
 
 def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
-    with plt.rc_context(_STYLE):
+    with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 3.6))
         load = "concurrency"
         unstable = False
@@ -128,7 +133,7 @@ def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
             xs = [m["value"] for m in pts]
             ys = [m["metrics"]["perf_throughput"] for m in pts]
             color = WINNER if i == 0 else DEFAULT
-            ax.errorbar(xs, ys, yerr=_errors(pts), fmt="-o", color=color, ms=3, lw=2,
+            ax.errorbar(xs, ys, yerr=errors(pts), fmt="-o", color=color, ms=3, lw=2,
                         elinewidth=1, capsize=2)  # fmt: skip
             unstable |= _mark_unstable(ax, xs, ys, pts)
             ax.annotate(config["name"], (xs[-1], ys[-1]), textcoords="offset points",
@@ -149,7 +154,7 @@ def throughput_vs_load(configs: list[dict[str, Any]], title: str) -> str:
 def throughput_vs_batch_size(configs: list[dict[str, Any]]) -> str:
     """Each config's best throughput at each client batch size it was measured with (MA's
     offline plot); one batch size is one point, and the title says how to sweep more."""
-    with plt.rc_context(_STYLE):
+    with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 3.6))
         sizes: set[int] = set()
         for i, config in enumerate(configs):
@@ -180,7 +185,7 @@ def final_comparison(configs: list[dict[str, Any]], comparison: dict[str, Any]) 
     finals = [c for c in configs if c.get("final_comparison")]
     finals.sort(key=lambda c: -c["final_comparison"]["perf_throughput"]["estimate"])
     recommended = comparison.get("recommended", "")
-    with plt.rc_context(_STYLE):
+    with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, 2, figsize=(7.5, 0.45 * len(finals) + 1.4), sharey=True)
         ys = list(range(len(finals)))[::-1]
         for ax, tag, label in ((axes[0], "perf_throughput", "throughput (infer/s)"),
@@ -202,7 +207,7 @@ def final_comparison(configs: list[dict[str, Any]], comparison: dict[str, Any]) 
 
 
 def gpu_memory_vs_throughput(configs: list[dict[str, Any]], winner: str) -> str:
-    with plt.rc_context(_STYLE):
+    with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 3.6))
         for config in configs:
             pts = [m for m in _points(config) if "gpu_used_memory" in m["metrics"]]
@@ -238,8 +243,16 @@ def breakdown_rows(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def latency_breakdown(config: dict[str, Any]) -> str:
+    return _uri(_latency_breakdown(config))
+
+
+def latency_breakdown_png(config: dict[str, Any]) -> bytes:
+    return png(_latency_breakdown(config))
+
+
+def _latency_breakdown(config: dict[str, Any]):
     rows = breakdown_rows(config)
-    with plt.rc_context(_STYLE):
+    with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 3.6))
         labels = [f"{r['measurement']['value']}" + (f"\nb={r['measurement']['batch_size']}"
                   if r["measurement"]["batch_size"] > 1 else "") for r in rows]  # fmt: skip
@@ -253,4 +266,4 @@ def latency_breakdown(config: dict[str, Any]) -> str:
         ax.set_ylabel("average latency (ms)")
         ax.set_title("Where the time goes, per load point")
         ax.legend(loc="upper left", fontsize=7, frameon=False)
-        return _uri(fig)
+        return fig
