@@ -169,6 +169,9 @@ def test_pdf_summary(run, tmp_path):
     assert done.returncode == 0, done.stderr
     pdf = copy / "reports" / "summaries" / "add_sub" / "result_summary.pdf"
     assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 20_000
+    name = default_name(results(copy)["models"][0])
+    pdf = copy / "reports" / "detailed" / name / "detailed_report.pdf"  # MA's name for it
+    assert pdf.read_bytes().startswith(b"%PDF")
 
 
 def test_report_model_configs_writes_the_named_configs_detailed_reports(run, tmp_path):

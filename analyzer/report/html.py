@@ -247,8 +247,8 @@ def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",),
                    plot_specs: PlotChoice | None = None) -> list[Path]:  # fmt: skip
     """Every model's summary and its top configs' detailed reports (those of `parts`; `configs`:
     the configs named, MA's report_model_configs, instead of the top ones), MA's `plots/` files
-    of each; with "pdf" in `formats` each summary is also rendered to result_summary.pdf beside
-    it (WeasyPrint)."""
+    of each; with "pdf" in `formats` each page is also rendered to a PDF beside it
+    (result_summary.pdf, detailed_report.pdf, as MA names them; WeasyPrint)."""
     document = load_results(export_path)
     if configs is not None:
         measured = {c["name"] for m in document["models"] for c in m["configs"]
@@ -267,7 +267,7 @@ def render_reports(export_path: Path, formats: tuple[str, ...] = ("html",),
     if "pdf" in formats:
         import weasyprint  # imported here: it loads pango, which the HTML path never needs
 
-        for page in [p for p in written if p.name == "result_summary.html"]:
+        for page in [p for p in written if p.suffix == ".html"]:
             pdf = page.with_suffix(".pdf")
             atomic_write_bytes(pdf, weasyprint.HTML(filename=str(page)).write_pdf())
             written.append(pdf)
