@@ -77,3 +77,26 @@ def main(
     if mode not in preset.MODES:
         raise typer.BadParameter(f"-m/--mode is '{mode}'; expected online or offline")
     preset.mode = mode
+
+
+# tritonserver's flags that take no value (getopt's no_argument); here every flag has one
+_TRITON_SWITCHES = {"--disable-auto-complete-config": "--disable-auto-complete-config=true"}
+
+
+def server_main() -> None:
+    """`model-analyzer-server`: the worker under exactly tritonserver's command line (no
+    `serve` word), so MA's `triton_server_path`, an image's `tritonserver` and scripts written
+    for tritonserver start it unchanged."""
+    server = typer.Typer(pretty_exceptions_enable=False, rich_markup_mode=None,
+                         add_completion=False)  # fmt: skip
+    server.command()(serve)
+    args = [_TRITON_SWITCHES.get(arg, arg) for arg in sys.argv[1:]]
+    try:
+        code = server(args, prog_name="model-analyzer-server", standalone_mode=False)
+    except typer.TyperException as exc:
+        print(f"error: {usage_sentence(exc)}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except AnalyzerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

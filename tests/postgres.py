@@ -6,12 +6,13 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from serving import free_port
 
 
 def _bin(name: str) -> str:
@@ -22,12 +23,6 @@ def _bin(name: str) -> str:
             "(scripts/install_system_packages.sh does, as root)"
         )
     return found[-1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -41,7 +36,7 @@ def postgres_server() -> Iterator[str]:
     if as_root:
         shutil.chown(home, "postgres")
         shutil.chown(sockets, "postgres")
-    port = _free_port()
+    port = free_port()
     user = "postgres" if as_root else os.environ.get("USER", "postgres")
 
     def run(*cmd: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +45,13 @@ class Served:
                 self.process.kill()
                 self.process.wait(10)
         return self.process.returncode
+
+
+def free_port() -> int:
+    """A port free now on 127.0.0.1, for a server that takes its port from its config (MA's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start_worker(
