@@ -40,7 +40,9 @@ if ! docker image inspect "$base" >/dev/null 2>&1; then
     tar -C / -c --exclude="${prefix#/}/lib/python3.*/site-packages" \
       --exclude="${prefix#/}/lib/python3.*/test" "${prefix#/}" | tar -C "$work/root" -x
   fi
-  tar -C / -c --exclude='__pycache__' "${venv#/}" | tar -C "$work/root" -x
+  # not the test peers (NVIDIA's Model Analyzer's own venv): the worker never runs them
+  tar -C / -c --exclude='__pycache__' --exclude="${venv#/}/peers" "${venv#/}" \
+    | tar -C "$work/root" -x
   echo "importing the base image $base..."
   tar -C "$work/root" -c . | docker import \
     -c "ENV PATH=$venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
@@ -62,6 +64,8 @@ RUN groupadd --gid 1000 worker \
  && useradd --uid 1000 --gid 1000 --create-home --shell /usr/sbin/nologin worker \
  && chmod o+x $above
 COPY src/ $repo/
+# tritonserver's command line starts the worker, as in a Triton image (MA's docker mode, scripts)
+RUN ln -s $venv/bin/model-analyzer-server /usr/local/bin/tritonserver
 LABEL model-analyzer.source="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 USER 1000:1000
 CMD ["model-analyzer", "serve", "--help"]
