@@ -142,6 +142,9 @@ def search_limits(config: ProfileConfig, spec: ModelSpec, source: ModelSource) -
         search_disable=c.run_config_search_disable,
         early_exit=c.early_exit_enable,
         manual=spec.model_config_parameters,
+        sweep_disable=c.concurrency_sweep_disable,
+        concurrency_formula=c.use_concurrency_formula,
+        binary_search_steps=c.run_config_search_max_binary_search_steps,
     )
 
 
@@ -162,7 +165,7 @@ def search_strategy(
         axes = [Part(n, s.config.max_batch_size) for n, s in [*own, *parts.items()]]
         return ComposedQuickSearch(space, limits, axes, top_configs=c.num_configs_per_model)
     if mode == "brute" or limits.manual or limits.search_disable:
-        return BruteSearch(space, limits)
+        return BruteSearch(space, limits, top_configs=c.num_configs_per_model)
     if mode == "quick":
         return QuickSearch(space, limits, top_configs=c.num_configs_per_model)
     tags = tuple(c.optuna_objectives or ())

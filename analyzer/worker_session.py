@@ -83,10 +83,17 @@ class WorkerSession:
     def ensure_launcher(self) -> Launcher:
         if self.launcher is None:
             c = self.config
-            flags = {}
-            for spec in c.models:
+            flags: dict[str, Any] = {}
+            env: dict[str, str] = {}
+            docker_args: dict[str, Any] = {}
+            for spec in c.models:  # one worker serves every model: the run's own settings last
                 flags.update(spec.triton_server_flags)
+                env.update(spec.triton_server_environment)
+                docker_args.update(spec.triton_docker_args)
             flags.update(c.triton_server_flags)
+            env.update(c.triton_server_environment)
+            docker_args.update(c.triton_docker_args or {})
+            env = {k: os.path.expandvars(v) for k, v in env.items()}  # MA's $VAR lookups
             log = Path(c.triton_output_path or c.export / "logs" / "worker.log")
             if c.triton_launch_mode == "remote":
                 self.launcher = RemoteLauncher(c.triton_http_endpoint, c.triton_grpc_endpoint,
@@ -97,14 +104,14 @@ class WorkerSession:
                     log, flags, c.server_startup_timeout,
                     gpus=[] if c.cpu_only else c.gpus, mounts=c.triton_docker_mounts,
                     shm_size=c.triton_docker_shm_size, labels=c.triton_docker_labels,
-                    run_args={"cpuset_cpus": self.placement.worker_list,
-                              **(c.triton_docker_args or {})}
-                    if self.placement.worker else c.triton_docker_args,
+                    run_args={"cpuset_cpus": self.placement.worker_list, **docker_args}
+                    if self.placement.worker else docker_args, environment=env,
                 )  # fmt: skip
             else:
                 self.launcher = LocalLauncher(
                     c.output_repository, log, flags,
                     c.server_startup_timeout, cpus=self.placement.worker_list, gpus=c.gpus,
+                    environment=env,
                 )  # fmt: skip
         return self.launcher
 

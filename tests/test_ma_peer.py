@@ -8,6 +8,7 @@ result rows for a python model and a TorchScript model."""
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import socket
 import subprocess
@@ -103,3 +104,62 @@ def test_ma_remote_mode_profiles_a_worker_we_started(tmp_path):
     for model in MODELS:
         assert [row["Model Config Path"] for row in rows[model]] == [f"{model}_config_default"]
         assert float(rows[model][0]["Throughput (infer/sec)"]) > 0
+
+
+# run by the peer's own interpreter: MA's keys and defaults, from its config classes
+_MA_KEYS = """
+import json
+from model_analyzer.config.input.config_command_profile import ConfigCommandProfile
+from model_analyzer.config.input.config_command_report import ConfigCommandReport
+
+def plain(value):
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return None
+
+print(json.dumps({name: {key: plain(f.default_value()) for key, f in cls()._fields.items()}
+                  for name, cls in (("profile", ConfigCommandProfile),
+                                    ("report", ConfigCommandReport))}))
+"""
+SAMPLES = {  # keys whose MA default is None (or a path of MA's working folder), with a value
+    "checkpoint_directory": "ckpt", "output_model_repository_path": "out", "export_path": "exp",
+    "perf_analyzer_flags": {"percentile": 95}, "genai_perf_flags": {"streaming": True},
+    "triton_server_flags": {"log-verbose": 1}, "triton_server_environment": {"OMP_NUM_THREADS": 2},
+    "triton_docker_args": {"cpuset_cpus": "1"}, "constraints": {"perf_latency_p99": {"max": 50}},
+    "weighting": 2, "concurrency": [1, 2], "request_rate": None, "cpu_only_composing_models": [],
+    "perf_output_path": "pa.log", "triton_output_path": "server.log",
+    "triton_docker_mounts": ["/tmp:/tmp:ro"], "triton_docker_labels": {"team": "a"},
+    "triton_docker_shm_size": "1g", "latency_budget": 50, "min_throughput": 10,
+}  # fmt: skip
+
+
+def test_every_ma_key_is_accepted_and_listed_in_the_readme(tmp_path):
+    """MA 1.58's own key list (from the peer): a YAML file with every profile key (MA's default,
+    or a sample value) loads with no error, only notes; every report key is accepted by
+    `report`; each profile key has its row in the README's table."""
+    from analyzer.commands.report import REPORT_KEYS
+    from analyzer.config.profile_config import load_profile_config
+
+    python = PEER.parent / "python"
+    assert python.exists(), "the set-up (make test) installs NVIDIA's MA into .venv/peers"
+    done = subprocess.run([str(python), "-c", _MA_KEYS], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    keys = json.loads(done.stdout)
+    assert len(keys["profile"]) >= 81 and len(keys["report"]) == 7
+    settings = {key: SAMPLES.get(key, default) for key, default in keys["profile"].items()}
+    settings.update(model_repository=str(EXAMPLES), profile_models={"add_sub": {
+        "cpu_only": True, "weighting": 1, "triton_server_environment": {"A": "b"},
+        "triton_docker_args": {"shm_size": "1g"}, "genai_perf_flags": {}}})  # fmt: skip
+    settings = {k: v for k, v in settings.items() if v is not None and k != "config_file"}
+    config = tmp_path / "all.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    loaded = load_profile_config(["-f", str(config)], cwd=tmp_path)
+    assert loaded.triton_server_environment == {"OMP_NUM_THREADS": "2"}
+    assert loaded.models[0].triton_server_environment == {"A": "b"}
+    assert set(keys["report"]) <= set(REPORT_KEYS)
+    readme = (ROOT / "README.md").read_text()
+    missing = [key for key in keys["profile"] if f"| `{key}` |" not in readme]
+    assert not missing, f"README's MA key table lacks {missing}"

@@ -437,15 +437,28 @@ def test_quiet_prints_nothing_and_verbose_prints_each_points_details(tmp_path):
 
 
 def test_an_ma_config_with_tritonserver_flags_runs_with_notes(tmp_path):
+    """Issue 15's first acceptance point: MA's tritonserver flags, environment and
+    perf_analyzer flags in one file, with MA's flags on the command line. The model refuses to
+    load unless triton_server_environment (with a $VAR, expanded as MA does) reached it."""
+    check = ("import os\n"
+             "if os.environ.get('MA_ENV_CHECK') != os.environ['HOME'] + '/mark':\n"
+             "    raise RuntimeError('triton_server_environment did not reach the worker')\n")
+    add_sub = (EXAMPLES / "add_sub" / "1" / "model.py").read_text()
+    repo = repo_with(tmp_path, "envcheck", check + add_sub)
     (tmp_path / "cfg.yaml").write_text(
-        f"model_repository: {EXAMPLES}\n"
-        "profile_models: add_sub\n"
+        f"model_repository: {repo}\n"
+        "profile_models: envcheck\n"
         "run_config_search_disable: true\n"
         "concurrency: 1\n"
         "triton_server_flags:\n"
         "  strict-model-config: false\n"
         "  log-verbose: 1\n"
         "  backend-config: python,shm-default-byte-size=1048576\n"
+        "triton_server_environment:\n"
+        "  MA_ENV_CHECK: $HOME/mark\n"
+        "perf_analyzer_flags:\n"
+        "  latency-threshold: 100\n"
+        "  max-threads: 4\n"
     )
     run = profile(tmp_path, "-f", "cfg.yaml", "-v", "--collect-cpu-metrics",
                   "--skip-detailed-reports", "--triton-output-path", "LOG",
@@ -453,11 +466,13 @@ def test_an_ma_config_with_tritonserver_flags_runs_with_notes(tmp_path):
                   "OUT", "--export-path", "EXP", *FAST)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "'collect_cpu_metrics' has no effect here" in run.stdout
+    assert "perf_analyzer_flags 'max-threads' has no effect here" in run.stdout
+    assert "perf_analyzer_flags 'latency-threshold' has no effect here" in run.stdout
     assert results(tmp_path / "EXP")["models"][0]["configs"][0]["measurements"]
     assert not (tmp_path / "EXP" / "logs" / "worker.log").exists()
     log = (tmp_path / "LOG").read_text()  # --triton-output-path, as MA
     assert "note: --strict-model-config has no effect here" in log
     assert "note: --backend-config has no effect here" in log
     reports = tmp_path / "EXP" / "reports"
-    assert (reports / "summaries" / "add_sub" / "result_summary.html").exists()
+    assert (reports / "summaries" / "envcheck" / "result_summary.html").exists()
     assert not (reports / "detailed").exists()  # --skip-detailed-reports, as MA

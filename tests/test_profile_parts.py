@@ -486,3 +486,51 @@ def test_version_as_ma_has_it():
     run = subprocess.run([sys.executable, "-m", "analyzer", "--version"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert run.returncode == 0 and run.stdout.startswith("model-analyzer 0."), run.stdout
+
+
+def test_brute_bisects_the_load_between_the_last_point_within_the_constraints_and_the_first_not():
+    """MA's run_config_search_max_binary_search_steps: after the sweeps, a top config's load is
+    bisected between the last point that meets the constraints (concurrency 16 here) and the
+    first that does not (32), in at most that many points; none with fixed load values or when
+    no point breaks a constraint."""
+
+    def run(**caps):
+        limits = SearchLimits(own_max_batch_size=0, max_instance_count=1, max_concurrency=64,
+                              **caps)  # fmt: skip
+        search = BruteSearch(load_search_space(), limits)
+        trials = []
+        while (trial := search.ask()) is not None:
+            trials.append(trial)
+            search.tell(trial, Outcome(ok=True, throughput=10.0 * trial.value,
+                                       satisfies_constraints=trial.value <= caps.pop("_limit", 20)))
+        return [t.value for t in trials if not t.params]
+
+    assert run() == [1, 2, 4, 8, 16, 32, 64, 24, 20, 22, 21]
+    assert run(binary_search_steps=2) == [1, 2, 4, 8, 16, 32, 64, 24, 20]
+    assert run(binary_search_steps=0) == [1, 2, 4, 8, 16, 32, 64]
+    assert run(concurrency=[8, 32]) == [8, 32]
+
+
+def test_quick_without_final_sweeps_and_optuna_at_the_concurrency_formula(tmp_path):
+    """MA's concurrency_sweep_disable (no full load sweep of the top configs after the search)
+    and use_concurrency_formula (optuna: each config at 2 x max_batch_size x instances)."""
+    from analyzer.search.optuna import OptunaSearch, OptunaSettings
+    from analyzer.search.quick import QuickSearch
+
+    caps = {"own_max_batch_size": 8, "max_model_batch_size": 32, "max_instance_count": 4,
+            "max_concurrency": 256}  # fmt: skip
+    swept = _walk(QuickSearch(load_search_space(), SearchLimits(**caps)), _synthetic)
+    unswept = _walk(QuickSearch(load_search_space(), SearchLimits(**caps, sweep_disable=True)),
+                    _synthetic)  # fmt: skip
+    assert len(unswept) < len(swept) and swept[: len(unswept)] == unswept
+    settings = OptunaSettings(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s",
+                              seed=1, min_trials=20, max_trials=30)  # fmt: skip
+    limits = SearchLimits(**caps, sweep_disable=True, concurrency_formula=True)
+    search = OptunaSearch(load_search_space(), limits, settings)
+    trials = _walk(search, _synthetic)
+    searched = [t for t in trials if t.params]
+    assert len(searched) >= 10
+    for t in searched:  # the formula's own value, within the space's concurrency levels
+        target = 2 * t.params.get("max_batch_size", 1) * t.params["instance_count"]
+        assert t.value == min(target, search.levels[-1]), t
+    assert any(t.value not in search.levels for t in searched)  # e.g. 24: not a power of two

@@ -25,7 +25,7 @@ def _flag(name: str) -> str:
 
 # MA's keys that mean nothing here have their flags too (a note says so): MA's scripts run as is
 _IGNORED = [Field(k, i.kind, help=f"MA's; no effect here: {i.why}.", flags=i.flags)
-            for k, i in IGNORED.items()]  # fmt: skip
+            for k, i in IGNORED.items() if i.cli]  # fmt: skip
 _OPTIONS = [f for f in FIELDS if f.cli] + _IGNORED
 _SWITCHES = {_flag(f.name) for f in _OPTIONS if f.kind == "bool"}
 

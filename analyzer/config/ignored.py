@@ -12,6 +12,7 @@ class Ignored:
     why: str  # what happens instead, for the note
     kind: str = "str"  # bool: a switch, as MA's store_true; otherwise a flag with a value
     flags: tuple[str, ...] = ()  # MA's short flags
+    cli: bool = True  # False: a YAML-only key in MA, with no flag
 
 
 _BUILT_IN = "the load generator is built in"
@@ -22,7 +23,9 @@ IGNORED = {
     "perf_analyzer_max_auto_adjusts": Ignored(_BUILT_IN),
     "perf_output": Ignored(_BUILT_IN, "bool"),
     "perf_output_path": Ignored(_BUILT_IN),
-    "triton_server_path": Ignored("the worker is model-analyzer serve"),
+    "triton_server_path": Ignored(
+        "the worker is model-analyzer serve (NVIDIA's MA runs it as model-analyzer-server)"
+    ),
     "triton_install_path": Ignored("the worker is model-analyzer serve"),
     "dcgm_disable": Ignored("GPUs are read through NVML", "bool"),
     "collect_cpu_metrics": Ignored("CPU metrics are always collected for a local worker", "bool"),
@@ -33,6 +36,22 @@ IGNORED = {
         "GPU metrics are reported whenever a GPU was sampled", "bool"
     ),
     "log_level": Ignored("output is fixed"),
+    "ensemble_composing_models": Ignored(
+        "an ensemble's composing models are read from its ensemble_scheduling steps and searched "
+        "together with it"
+    ),
+    "model_type": Ignored(
+        "every model is profiled as a generic model with the built-in load generator (LLM "
+        "profiling with genai-perf is not built in)"
+    ),
+    "genai_perf_flags": Ignored("LLM profiling with genai-perf is not built in", cli=False),
+    "run_config_profile_models_concurrently_enable": Ignored(
+        "models are profiled one after another", "bool"
+    ),
+    "weighting": Ignored(
+        "it weights models profiled concurrently, and models are profiled one after another",
+        cli=False,
+    ),
 }
 
 

@@ -12,6 +12,7 @@ from analyzer.metrics import DIRECTIONS
 _MODEL_KEYS = {
     "cpu_only", "parameters", "objectives", "constraints", "weighting",
     "model_config_parameters", "perf_analyzer_flags", "triton_server_flags",
+    "triton_server_environment", "triton_docker_args", "genai_perf_flags",
 }  # fmt: skip
 _PARAMETER_KEYS = {"batch_sizes", "concurrency", "request_rate"}
 
@@ -37,6 +38,9 @@ class ModelSpec:
     model_config_parameters: dict[str, Any] = field(default_factory=dict)
     perf_analyzer_flags: dict[str, Any] = field(default_factory=dict)
     triton_server_flags: dict[str, Any] = field(default_factory=dict)
+    # one worker serves every model of a run: these are merged, the run's own settings last
+    triton_server_environment: dict[str, str] = field(default_factory=dict)
+    triton_docker_args: dict[str, Any] = field(default_factory=dict)
 
 
 def objectives(value: Any, where: str) -> dict[str, float]:
@@ -86,18 +90,70 @@ def constraints(value: Any, where: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def perf_flags(value: Any, where: str) -> dict[str, Any]:
+_SET_PER_POINT = "the profiler sets it for each point"
+_NO_TLS = "the load generator speaks plain HTTP/gRPC to a worker on this host or network"
+# MA 1.58's other perf_analyzer_flags keys: accepted, each with what happens instead
+PERF_FLAG_NOTES = {
+    "async": "requests are always sent asynchronously, a closed loop at the load asked",
+    "sync": "requests are always sent asynchronously, a closed loop at the load asked",
+    "max-threads": "the load generator sizes its own connections and processes "
+                   "(--client-processes)",
+    "latency-threshold": "each point is one load level, as MA runs perf_analyzer, so there is no "
+                         "perf_analyzer sweep to stop (latency_budget and early_exit_enable are "
+                         "the search's)",
+    "binary-search": "the search's load sweep replaces it (run_config_search_max_binary_search_"
+                     "steps)",
+    "concurrency-range": "the load comes from concurrency / the search",
+    "request-rate-range": "the load comes from request_rate / the search",
+    "request-intervals": "the load comes from concurrency or request_rate",
+    "service-kind": "the worker is served over Triton's protocols (service kind triton)",
+    "model-signature-name": "the worker is served over Triton's protocols (service kind triton)",
+    "triton-server-directory": "the worker is served over Triton's protocols (no C API)",
+    "model-repository": "the worker is served over Triton's protocols (no C API)",
+    "num-of-sequences": "sequence models are not driven by the built-in load generator yet",
+    "sequence-length": "sequence models are not driven by the built-in load generator yet",
+    "sequence-id-range": "sequence models are not driven by the built-in load generator yet",
+    "shared-memory": "tensors travel in the requests (the load generator does not use shared "
+                     "memory yet)",
+    "output-shared-memory-size": "tensors travel in the requests (the load generator does not use "
+                                 "shared memory yet)",
+    "string-data": "string inputs are random of string-length",
+    "streaming": "the load generator calls the unary API (decoupled models are streamed as "
+                 "needed)",
+    "grpc-compression-algorithm": "requests are not compressed",
+    "collect-metrics": "GPU and CPU metrics are sampled by the profiler (monitoring_interval)",
+    "metrics-url": "GPU and CPU metrics are sampled by the profiler (monitoring_interval)",
+    "metrics-interval": "GPU and CPU metrics are sampled by the profiler (monitoring_interval)",
+    "bls-composing-models": "set bls_composing_models instead",
+    "model-name": _SET_PER_POINT, "model-version": _SET_PER_POINT, "url": _SET_PER_POINT,
+    "latency-report-file": "results go to EXPORT_PATH/results",
+    "http-header": _SET_PER_POINT,
+    "verbose": "use -v", "extra-verbose": "use -v", "verbose-csv": "use -v",
+    **{key: _NO_TLS for key in (
+        "ssl-grpc-use-ssl", "ssl-grpc-root-certifications-file", "ssl-grpc-private-key-file",
+        "ssl-grpc-certificate-chain-file", "ssl-https-verify-peer", "ssl-https-verify-host",
+        "ssl-https-ca-certificates-file", "ssl-https-client-certificate-type",
+        "ssl-https-client-certificate-file", "ssl-https-private-key-type",
+        "ssl-https-private-key-file")},
+}  # fmt: skip
+
+
+def perf_flags(value: Any, where: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """MA's perf_analyzer_flags: those the load generator honours, kept; MA's others noted in
+    `notes` (what happens instead) and dropped; any other key is an error naming it."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise ProfileConfigError(f"{where}: 'perf_analyzer_flags' is {value!r}; expected a mapping")
     for key in value:
-        if key not in PERF_FLAGS:
+        if key not in PERF_FLAGS and key not in PERF_FLAG_NOTES:
             raise ProfileConfigError(
-                f"{where}: perf_analyzer_flags key '{key}' is not supported; supported: "
-                + ", ".join(sorted(PERF_FLAGS))
+                f"{where}: perf_analyzer_flags key '{key}' is not a perf_analyzer flag MA passes; "
+                "honoured here: " + ", ".join(sorted(PERF_FLAGS))
             )
-    return dict(value)
+        if key in PERF_FLAG_NOTES and notes is not None:
+            notes.append(f"perf_analyzer_flags '{key}' has no effect here: {PERF_FLAG_NOTES[key]}")
+    return {k: v for k, v in value.items() if k in PERF_FLAGS}
 
 
 def model_specs(
@@ -145,6 +201,13 @@ def _model_spec(
     if "weighting" in params:
         notes.append(f"profile_models.{name}.weighting has no effect here: it weights models "
                      "profiled concurrently, and models are profiled one after another")
+    if "genai_perf_flags" in params:
+        notes.append(f"profile_models.{name}.genai_perf_flags has no effect here: LLM profiling "
+                     "with genai-perf is not built in")
+    docker_args = params.get("triton_docker_args") or {}
+    if not isinstance(docker_args, dict):
+        raise ProfileConfigError(f"{here}.triton_docker_args is {docker_args!r}; expected a "
+                                 "mapping of docker arguments")  # fmt: skip
 
     def listed(key: str) -> list[int]:
         if key in parameters:
@@ -163,6 +226,26 @@ def _model_spec(
         else {k: dict(v) for k, v in values["constraints"].items()},
         model_config_parameters=mcp,
         perf_analyzer_flags={**values["perf_analyzer_flags"],
-                             **perf_flags(params.get("perf_analyzer_flags"), here)},
+                             **perf_flags(params.get("perf_analyzer_flags"), here, notes)},
         triton_server_flags=dict(params.get("triton_server_flags") or {}),
+        triton_server_environment=environment(params.get("triton_server_environment"),
+                                              f"{here}.triton_server_environment"),
+        triton_docker_args=dict(docker_args),
     )  # fmt: skip
+
+
+def environment(value: Any, where: str) -> dict[str, str]:
+    """MA's triton_server_environment: variable names to scalar values, as strings."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProfileConfigError(f"{where} is {value!r}; expected a mapping of environment "
+                                 "variable names to values")  # fmt: skip
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key or "=" in key \
+                or not isinstance(item, str | int | float | bool):  # fmt: skip
+            raise ProfileConfigError(f"{where}: {key!r}: {item!r} is not a variable name and a "
+                                     "value")  # fmt: skip
+        out[key] = str(item).lower() if isinstance(item, bool) else str(item)
+    return out

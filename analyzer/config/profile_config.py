@@ -21,7 +21,14 @@ import yaml
 from analyzer.config.flags import parse_flags
 from analyzer.config.ignored import IGNORED
 from analyzer.config.ignored import note as ignored_note
-from analyzer.config.model_specs import ModelSpec, constraints, model_specs, objectives, perf_flags
+from analyzer.config.model_specs import (
+    ModelSpec,
+    constraints,
+    environment,
+    model_specs,
+    objectives,
+    perf_flags,
+)
 from analyzer.config.settings import Settings
 from analyzer.config.values import BY_NAME, FIELDS, ProfileConfigError, convert
 from analyzer.cpulist import CpuListError, parse_cpu_list
@@ -90,7 +97,7 @@ def load_settings(cli: dict[str, Any], cwd: Path | None = None) -> ProfileConfig
     raw |= cli
     values = {f.name: convert(f, raw[f.name], sources[f.name]) if f.name in raw
               else copy.deepcopy(f.default) for f in FIELDS}  # fmt: skip
-    _objects(values, sources)
+    _objects(values, sources, notes)
     _check_ranges(values)
     notes += _unknown_output_fields(values, sources)
     if values["storage"] is None and storage_from_environment():
@@ -145,7 +152,7 @@ def _read_yaml(path: Path, notes: list[str]) -> dict[str, Any]:
     return raw
 
 
-def _objects(values: dict[str, Any], sources: dict[str, str]) -> None:
+def _objects(values: dict[str, Any], sources: dict[str, str], notes: list[str]) -> None:
     """The YAML-only objects validated; the latency budget and throughput floor as constraints."""
     values["objectives"] = objectives(
         values["objectives"], sources.get("objectives", "defaults")
@@ -154,9 +161,12 @@ def _objects(values: dict[str, Any], sources: dict[str, str]) -> None:
         values["constraints"], sources.get("constraints", "defaults")
     )
     values["perf_analyzer_flags"] = perf_flags(
-        values["perf_analyzer_flags"], sources.get("perf_analyzer_flags", "defaults")
+        values["perf_analyzer_flags"], sources.get("perf_analyzer_flags", "defaults"), notes
     )
     values["triton_server_flags"] = dict(values["triton_server_flags"] or {})
+    values["triton_server_environment"] = environment(
+        values["triton_server_environment"] or None,
+        sources.get("triton_server_environment", "defaults") + ": triton_server_environment")
     if values["latency_budget"] is not None:
         values["constraints"].setdefault("perf_latency_p99", {})["max"] = values["latency_budget"]
     if values["min_throughput"] is not None:

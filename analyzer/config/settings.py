@@ -111,6 +111,16 @@ class Settings:
         "Sweep request rates, not concurrency.")
     early_exit_enable: bool = setting("bool", False,
         "Also stop a sweep at the first point that breaks a latency constraint.")
+    concurrency_sweep_disable: bool = setting("bool", False,
+        "Quick and optuna: no full load sweep of the top configs after the search (MA's); the "
+        "final comparison still re-measures them at their best point.")
+    use_concurrency_formula: bool = setting("bool", False,
+        "Optuna: each config at MA's concurrency formula (2 x max_batch_size x instances) instead"
+        " of concurrency being a dimension of the study (MA's).")
+    run_config_search_max_binary_search_steps: int = setting("int", 5,
+        "Brute: after the search, the load of each top config (and the default) is bisected "
+        "between its last point that meets the constraints and the first that does not, in at "
+        "most this many points (MA's; 0: none). Not with fixed concurrency/request_rate.")
     objectives: dict[str, float] = setting("object", {},
         "Objectives with weights, e.g. {perf_throughput: 10, perf_latency_p99: 5}.", cli=False)
     constraints: dict[str, dict[str, float]] = setting("object", {},
@@ -140,10 +150,16 @@ class Settings:
         "Seconds between GPU/CPU samples (MA's default is 1.0; our windows are "
         "shorter).", flags=("-i",))
     perf_analyzer_flags: dict[str, Any] = setting("object", {},
-        "Load-generator flags for every model (shape, input-data, measurement-interval, "
-        "...).", cli=False)
+        "Load-generator flags for every model: all 55 of MA's perf_analyzer keys are accepted; "
+        "shape, input-data, measurement-mode, measurement-interval, measurement-request-count, "
+        "stability-percentage, max-trials, percentile, request-distribution, string-length, "
+        "protocol and batch-size are honoured, the others noted with what happens instead.",
+        cli=False)
     triton_server_flags: dict[str, Any] = setting("object", {},
         "Extra flags for the worker.", cli=False)
+    triton_server_environment: dict[str, str] = setting("object", {},
+        "Environment variables of the local or docker worker, e.g. {OMP_NUM_THREADS: 4}; a "
+        "value's $VARs are expanded from the analyzer's environment (MA's).", cli=False)
     triton_http_endpoint: str = setting("str", "localhost:8000",
         "Server HTTP endpoint (remote mode).")
     triton_grpc_endpoint: str = setting("str", "localhost:8001",

@@ -59,6 +59,10 @@ FIELDS: tuple[Field, ...] = tuple(_field(f) for f in dataclasses.fields(Settings
 BY_NAME = {f.name: f for f in FIELDS}
 
 
+# lists whose MA default is [] (none): an MA file that spells the default out is accepted
+_EMPTY_IS_NONE = {"bls_composing_models", "cpu_only_composing_models"}
+
+
 def convert(f: Field, value: Any, where: str) -> Any:
     """`value` of setting `f` (from `where`: the command line or a file) as its kind."""
 
@@ -89,6 +93,8 @@ def convert(f: Field, value: Any, where: str) -> Any:
             raise bad("a string or a list of strings")
         return [str(v) for v in items]
     if f.kind in ("ints", "strs"):
+        if value == [] and f.name in _EMPTY_IS_NONE:
+            return None
         return as_list(f.name, value, int if f.kind == "ints" else str, where)
     if f.kind == "mapping":
         return _as_mapping(value, bad)

@@ -91,8 +91,10 @@ class DockerLauncher(Launcher):
         shm_size: str | None = None,
         labels: dict[str, str] | None = None,
         run_args: dict[str, Any] | None = None,
+        environment: dict[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.image = image
+        self.environment = dict(environment or {})  # MA's triton_server_environment
         self.output_repository = output_repository.resolve()
         self.model_repository = model_repository.resolve()
         self.log_path = log_path
@@ -233,7 +235,7 @@ class DockerLauncher(Launcher):
             created = api.create_container(
                 self.image, command=self._command(), stdin_open=True, detach=False,
                 labels=labels, host_config=self._host_config(api), user=self.user,
-                environment=self._key_env, ports=list(self.ports.values()),
+                environment={**self.environment, **self._key_env}, ports=list(self.ports.values()),
             )  # fmt: skip
             self.container_id = created["Id"]
             # attached before start: from now on the container lives only while we do

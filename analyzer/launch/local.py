@@ -50,8 +50,10 @@ class LocalLauncher(Launcher):
         cpus: str = "",
         gpus: list[str] | None = None,
         stop_timeout_s: float = 30.0,
+        environment: dict[str, str] | None = None,
     ) -> None:
         self.repository = repository
+        self.environment = dict(environment or {})  # MA's triton_server_environment
         self.log_path = log_path
         self.extra_flags = extra_flags or {}
         self.startup_timeout_s = startup_timeout_s
@@ -132,7 +134,7 @@ class LocalLauncher(Launcher):
                 + (f"\n{detail}" if len(lines) > 1 else ""))
 
     def _env(self) -> dict[str, str]:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._key_env}
+        env = {**os.environ, **self.environment, "PYTHONUNBUFFERED": "1", **self._key_env}
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)  # indices or UUIDs both work
         return env

@@ -59,6 +59,9 @@ class SearchLimits:
     search_disable: bool = False
     early_exit: bool = False
     manual: dict[str, Any] = field(default_factory=dict)  # model_config_parameters
+    sweep_disable: bool = False  # MA's concurrency_sweep_disable: no final sweeps (quick, optuna)
+    concurrency_formula: bool = False  # MA's use_concurrency_formula (optuna)
+    binary_search_steps: int = 5  # MA's run_config_search_max_binary_search_steps (brute)
 
 
 @dataclass

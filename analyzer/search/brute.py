@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Generator
 from typing import Any
 
-from analyzer.search.base import SearchLimits, SearchPoint, WalkStrategy
+from analyzer.search.base import Outcome, SearchLimits, SearchPoint, WalkStrategy
 from analyzer.search.space import SearchSpace, load_levels
 
 
@@ -33,12 +33,22 @@ def expand_manual(value: Any) -> list[Any]:
 
 
 class BruteSearch(WalkStrategy):
-    def __init__(self, space: SearchSpace, limits: SearchLimits) -> None:
+    def __init__(self, space: SearchSpace, limits: SearchLimits, top_configs: int = 3) -> None:
         super().__init__()
         self.space = space
         self.limits = limits
+        self.top_configs = top_configs
+        # every point told, by (config, client batch size) and load value
+        self.told: dict[tuple[str, int], dict[int, Outcome]] = {}
+
+    def _told(self, trial: SearchPoint, outcome: Outcome) -> None:
+        self.told.setdefault((trial.params_json, trial.batch_size), {})[trial.value] = outcome
 
     def _walk(self) -> Generator[SearchPoint, None, None]:
+        yield from self._variants()
+        yield from self._boundary_searches()
+
+    def _variants(self) -> Generator[SearchPoint, None, None]:
         limits = self.limits
         yield from self._sweep({}, limits.own_max_batch_size)
         if limits.manual:
@@ -98,3 +108,54 @@ class BruteSearch(WalkStrategy):
                 if sweep is not None and sweep.plateaued(seen):
                     break
         return best
+
+    def _boundary_searches(self) -> Generator[SearchPoint, None, None]:
+        """MA's binary search after brute mode: for the top configs and the default, where a
+        sweep went from a point that meets the constraints to one that does not (or began with
+        one that does not), the load between the two is bisected in at most
+        `binary_search_steps` points, so the best load within the constraints is found between
+        two powers of two. Not with fixed load values (MA's rule)."""
+        limits = self.limits
+        if limits.binary_search_steps <= 0 or limits.concurrency or limits.request_rate:
+            return
+        load = load_levels(self.space, self.limits)[0]
+        best: dict[str, float] = {}
+        for (params_json, _), points in self.told.items():
+            for outcome in points.values():
+                if outcome.ok and outcome.satisfies_constraints:
+                    best[params_json] = max(best.get(params_json, outcome.objective),
+                                            outcome.objective)  # fmt: skip
+        chosen = sorted(best, key=best.__getitem__, reverse=True)[: self.top_configs]
+        chosen += [] if "{}" in chosen else ["{}"]
+        for (params_json, batch), points in list(self.told.items()):
+            if params_json not in chosen:
+                continue
+            bounds = _failure_boundary(points)
+            if bounds is None:
+                continue
+            passing, failing = bounds
+            for _ in range(limits.binary_search_steps):
+                value = int((passing + failing) / 2)
+                if value <= passing or value >= failing or value in points:
+                    break
+                yield SearchPoint(params_json, load, value, batch)
+                last = self._last
+                assert last is not None
+                if not last.ok:
+                    break
+                if last.satisfies_constraints:
+                    passing = value
+                else:
+                    failing = value
+
+
+def _failure_boundary(points: dict[int, Outcome]) -> tuple[int, int] | None:
+    """(the last load that meets the constraints, the next that does not) of one sweep; (0,
+    the first) when its first point already fails; None when no point of it fails."""
+    values = sorted(v for v, o in points.items() if o.ok)
+    for low, high in zip(values, values[1:], strict=False):
+        if points[low].satisfies_constraints and not points[high].satisfies_constraints:
+            return low, high
+    if values and not points[values[0]].satisfies_constraints:
+        return 0, values[0]
+    return None

@@ -139,8 +139,11 @@ class OptunaSearch(QuickSearch):
         # Concurrency relative to MA's formula (2 x max_batch_size x instances), in powers of two:
         # the concurrency a config needs scales with the requests it can hold, so one offset
         # means the same load for every config and the sampler learns it across configs.
-        offset = trial.suggest_int("concurrency_offset_log2", -OFFSET_RANGE, OFFSET_RANGE)
+        offset = 0 if limits.concurrency_formula else trial.suggest_int(
+            "concurrency_offset_log2", -OFFSET_RANGE, OFFSET_RANGE)  # fmt: skip
         target = 2.0 * params.get("max_batch_size", 1) * params["instance_count"] * 2.0**offset
+        if limits.concurrency_formula and not limits.concurrency:  # MA's: the formula's own value
+            return params, max(self.levels[0], min(self.levels[-1], int(target)))
         index = min(range(len(self.levels)),
                     key=lambda i: abs(math.log2(self.levels[i]) - math.log2(target)))
         return params, self.levels[index]
@@ -242,7 +245,10 @@ class OptunaSearch(QuickSearch):
         the plateau gain and still meets the constraints, then down while a level meeting them
         stays within that gain of the best (a latency constraint may put the best load lower).
         Quick mode's ascending sweeps from concurrency 1 measured about twice as many points for
-        the same best loads; fixed concurrency values are all measured, as asked."""
+        the same best loads; fixed concurrency values are all measured, as asked. None with
+        MA's concurrency_sweep_disable."""
+        if self.limits.sweep_disable:
+            return
         if self.limits.concurrency:
             yield from super()._final_sweeps()
             return

@@ -134,6 +134,8 @@ class QuickSearch(WalkStrategy):
         return chosen
 
     def _final_sweeps(self) -> Generator[SearchPoint, None, None]:
+        if self.limits.sweep_disable:  # MA's concurrency_sweep_disable
+            return
         sweep = self.space.concurrency
         for params_json in self._chosen():
             seen: list[float] = []
