@@ -119,9 +119,11 @@ def plain(value):
     except TypeError:
         return None
 
-print(json.dumps({name: {key: plain(f.default_value()) for key, f in cls()._fields.items()}
-                  for name, cls in (("profile", ConfigCommandProfile),
-                                    ("report", ConfigCommandReport))}))
+print(json.dumps({
+    **{name: {key: plain(f.default_value()) for key, f in cls()._fields.items()}
+       for name, cls in (("profile", ConfigCommandProfile), ("report", ConfigCommandReport))},
+    "flags": {key: f.flags() for key, f in ConfigCommandProfile()._fields.items() if f.flags()},
+}))
 """
 SAMPLES = {  # keys whose MA default is None (or a path of MA's working folder), with a value
     "checkpoint_directory": "ckpt", "output_model_repository_path": "out", "export_path": "exp",
@@ -135,10 +137,19 @@ SAMPLES = {  # keys whose MA default is None (or a path of MA's working folder),
 }  # fmt: skip
 
 
+FLAG_SAMPLES = {"concurrency": [1, 2], "request_rate": [16], "latency_budget": 50,
+                "min_throughput": 10, "triton_output_path": "server.log",
+                "perf_output_path": "pa.log", "triton_docker_mounts": ["/tmp:/tmp:ro"],
+                "triton_docker_shm_size": "1g", "cpu_only_composing_models": ["add_sub"],
+                "bls_composing_models": ["add_sub"], "ensemble_composing_models": ["add_sub"],
+                "optuna_min_trials": 20}  # fmt: skip
+
+
 def test_every_ma_key_is_accepted_and_listed_in_the_readme(tmp_path):
     """MA 1.58's own key list (from the peer): a YAML file with every profile key (MA's default,
-    or a sample value) loads with no error, only notes; every report key is accepted by
-    `report`; each profile key has its row in the README's table."""
+    or a sample value) loads with no error, only notes; every flag of MA's profile command line
+    is accepted; every report key is accepted by `report`; each profile key has its row in the
+    README's table."""
     from analyzer.commands.report import REPORT_KEYS
     from analyzer.config.profile_config import load_profile_config
 
@@ -163,3 +174,16 @@ def test_every_ma_key_is_accepted_and_listed_in_the_readme(tmp_path):
     readme = (ROOT / "README.md").read_text()
     missing = [key for key in keys["profile"] if f"| `{key}` |" not in readme]
     assert not missing, f"README's MA key table lacks {missing}"
+    # every flag of MA's profile command line, with MA's default (or a sample) as its value
+    repo = ["-m", str(EXAMPLES), "--profile-models", "add_sub"]
+    assert len(keys["flags"]) >= 70
+    for key, flags in keys["flags"].items():
+        if key in ("config_file", "model_repository", "profile_models"):
+            continue
+        value = FLAG_SAMPLES.get(key, keys["profile"][key])
+        for flag in flags:
+            if isinstance(value, bool):
+                argv = [flag]
+            else:
+                argv = [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+            load_profile_config([*repo, *argv], cwd=tmp_path)  # raises on a refused flag
