@@ -50,7 +50,7 @@ def _workers() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "serve" in cmd and "--exit-on-stdin-eof" in cmd:
+        if "--exit-on-stdin-eof" in cmd:  # the container's `tritonserver`: our worker
             found.append(proc)
     return found
 
@@ -168,6 +168,7 @@ def test_the_container_worker_is_not_root_keeps_its_api_and_listens_on_loopback_
         info = launcher.client.api.inspect_container(launcher.container_id)
         assert info["Config"]["User"] == "1000:1000"
         assert info["HostConfig"]["NetworkMode"] == network
+        assert info["Path"] == "tritonserver" and "--exit-on-stdin-eof" in info["Args"]
         assert launcher.repository_key not in " ".join(info["Args"])
         assert launcher.pid and _uids(launcher.pid) == {1000}
         if network == "bridge":
@@ -216,6 +217,35 @@ def test_a_port_taken_before_the_container_binds_it_is_chosen_again(image, tmp_p
     launcher = DockerLauncher(image, EXAMPLES, EXAMPLES, tmp_path / "logs" / "worker.log")
     try:
         start_with_its_http_port_taken(launcher)
+    finally:
+        launcher.stop()
+    assert not _containers()
+
+
+def test_an_image_that_is_not_ours_runs_as_triton_would(image, tmp_path):
+    """Docker mode runs `tritonserver <flags>` as MA does, so a Triton image works unchanged. An
+    image without our label (ours, relabelled: its `tritonserver` is our worker) gets Triton's
+    command line only -- a bind address per protocol, no lifeline flag -- and is ready when its
+    HTTP port says so, with no ready line of ours to wait for."""
+    foreign = "model-analyzer-triton-like:test"
+    done = subprocess.run(["docker", "build", "--network", "none", "-q", "-t", foreign, "-"],
+                          input=f'FROM {image}\nLABEL model-analyzer.source=""\n',
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    launcher = DockerLauncher(foreign, EXAMPLES, EXAMPLES, tmp_path / "worker.log",
+                              extra_flags={"log-verbose": 1})  # fmt: skip
+    try:
+        launcher.start()
+        assert not launcher.ours
+        info = launcher.client.api.inspect_container(launcher.container_id)
+        assert info["Path"] == "tritonserver"
+        assert "--exit-on-stdin-eof" not in info["Args"]
+        for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
+                     "--metrics-address=127.0.0.1", "--model-control-mode=explicit",
+                     "--log-verbose=1"):  # fmt: skip
+            assert flag in info["Args"], info["Args"]
+        launcher.load("add_sub")
+        _add_sub(launcher.grpc_url, launcher.http_url)
     finally:
         launcher.stop()
     assert not _containers()

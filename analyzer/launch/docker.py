@@ -1,4 +1,6 @@
-"""Docker launch: `model-analyzer serve` in a container of the worker image, through the docker SDK.
+"""Docker launch: `tritonserver <flags>` in a container, through the docker SDK, as NVIDIA's MA
+runs it: in the images this project builds `tritonserver` is our worker (model-analyzer-server);
+in a Triton image (`nvcr.io/nvidia/tritonserver:...`) it is Triton itself, measured the same way.
 
 The output model repository (where the variants are written, while the container runs) and the
 model repository are mounted read-only at their own paths, so a variant's path means the same
@@ -10,13 +12,15 @@ handed in as device requests.
 The worker does not run as root: as the image's USER (uid 1000 in the images this project
 builds), else as 1000:1000, unless `user` in --triton-docker-args names another. That user must
 be able to read the repositories; a file it cannot read is one clear error before the worker
-would fail on it. Its repository API answers only the profiler's per-run key (given in the
-container's environment).
+would fail on it. Our worker's repository API answers only the profiler's per-run key (given
+in the container's environment).
 
-The container never outlives the analyzer: it is created with auto-remove, and its stdin is the
-worker's lifeline -- the launcher holds it open through an attached socket; when the analyzer
-exits or is killed the socket closes, the worker sees end-of-file on stdin and stops, and Docker
-removes the container. stop() also stops and removes it at once.
+Our worker's container never outlives the analyzer: it is created with auto-remove, and its
+stdin is the worker's lifeline -- the launcher holds it open through an attached socket; when
+the analyzer exits or is killed the socket closes, the worker sees end-of-file on stdin and
+stops, and Docker removes the container. stop() also stops and removes it at once. Triton does
+not watch its stdin: a Triton container outlives an analyzer killed with SIGKILL (as under MA)
+until `docker rm -f`; every other exit stops it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from analyzer.launch.base import (
 )
 
 LABEL = "model-analyzer.worker"
+OUR_IMAGE = "model-analyzer.source"  # the label of the images this project builds
 WORKER_USER = "1000:1000"  # the `worker` user of the images built by this project
 
 
@@ -110,6 +115,7 @@ class DockerLauncher(Launcher):
         self.repository_key, self._key_env = new_repository_key()
         self.choose_ports()
         self.client: Any = None
+        self.ours = True  # the image is one of ours (its label says so; set by check())
         self.container_id: str | None = None
         self._lifeline: Any = None
         self._log_thread: threading.Thread | None = None
@@ -117,16 +123,22 @@ class DockerLauncher(Launcher):
 
     # ---- the container ------------------------------------------------------------------------
     def _command(self) -> list[str]:
+        """`tritonserver <flags>`, as MA runs a Triton image: our images have it on PATH (the
+        worker's own command line); a Triton image runs Triton itself. Our worker also gets
+        its lifeline flag; Triton gets one bind address per protocol."""
         # on a bridge the container's own loopback is unreachable: bind all of the container's
         # addresses, which only the host's 127.0.0.1 publishes
         host = "127.0.0.1" if self.network == "host" else "0.0.0.0"
-        cmd = ["model-analyzer", "serve", "--model-repository", str(self.output_repository),
-               "--host", host, "--http-port", str(self.ports["http"]),
-               "--grpc-port", str(self.ports["grpc"]), "--metrics-port",
-               str(self.ports["metrics"]), "--model-control-mode", "explicit",
-               "--exit-on-stdin-eof"]  # fmt: skip
+        cmd = ["tritonserver", f"--model-repository={self.output_repository}",
+               "--model-control-mode=explicit", f"--http-address={host}",
+               f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
+               f"--metrics-port={self.ports['metrics']}"]  # fmt: skip
+        if self.ours:
+            cmd.append("--exit-on-stdin-eof")
+        else:
+            cmd += [f"--grpc-address={host}", f"--metrics-address={host}"]
         for flag, value in self.extra_flags.items():
-            cmd += [f"--{str(flag).replace('_', '-')}", str(value)]
+            cmd.append(f"--{str(flag).replace('_', '-')}={value}")
         return cmd
 
     def _host_config(self, api: Any) -> Any:
@@ -166,6 +178,8 @@ class DockerLauncher(Launcher):
                 "`make docker-image` (scripts/build_worker_image.sh) or name another with "
                 "--triton-docker-image"
             ) from None
+        labels = (image.attrs.get("Config") or {}).get("Labels") or {}
+        self.ours = bool(labels.get(OUR_IMAGE))
         if not self.user:
             own = (image.attrs.get("Config") or {}).get("User") or ""
             self.user = own if own and not _is_root(own) else WORKER_USER
@@ -255,7 +269,8 @@ class DockerLauncher(Launcher):
 
     def _wait_ready(self, offset: int) -> None:
         """Ready when this start's log says so and its HTTP port answers: a port that answers
-        while the log is silent is another process's."""
+        while the log is silent is another process's. Triton's log has no such line: its
+        readiness alone, with the container running."""
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
@@ -263,7 +278,8 @@ class DockerLauncher(Launcher):
                     self._log_thread.join(timeout=2)  # the container's last words, copied
                 raise LaunchError(f"the worker container exited ({self.exit_status()}); its "
                                   f"last log lines:\n{self.last_words()}")  # fmt: skip
-            if READY_LINE.encode() in self.log_path.read_bytes()[offset:] and self._answers():
+            said = not self.ours or READY_LINE.encode() in self.log_path.read_bytes()[offset:]
+            if said and self._answers():
                 return
             time.sleep(0.2)
         self.stop()
