@@ -60,12 +60,15 @@ def check_folders(config: ProfileConfig) -> None:
     refuse_overlap("export_path", export, {"model repository": (repo, {"is", "inside"})})
     refuse_overlap("checkpoint_directory", c.checkpoints,
                    {"model repository": (repo, {"is", "inside"})})  # fmt: skip
-    if c.triton_output_path:
-        log = Path(c.triton_output_path)
+    for key, what in (("triton_output_path", "the worker's output"),
+                      ("perf_output_path", "the load generator's reports")):  # fmt: skip
+        if not getattr(c, key):
+            continue
+        log = Path(getattr(c, key))
         if log.is_dir():
-            raise FolderError(f"triton_output_path '{log}' is a folder; it names the file the "
-                              "worker's output is appended to")  # fmt: skip
-        refuse_overlap("triton_output_path", log, {
+            raise FolderError(f"{key} '{log}' is a folder; it names the file {what} is "
+                              "appended to")  # fmt: skip
+        refuse_overlap(key, log, {
             "model repository": (repo, every),
             "output model repository": (c.output_repository, every),
             "checkpoint folder": (c.checkpoints, every),

@@ -25,7 +25,8 @@ from analyzer.launch.remote import RemoteLauncher
 from analyzer.loadgen.client import LoadClient
 from analyzer.loadgen.control import control_client
 from analyzer.loadgen.inputs import model_io
-from analyzer.loadgen.measure import Measurer
+from analyzer.loadgen.measure import Measurer, PerfPoint
+from analyzer.loadgen.output import point_text
 from analyzer.loadgen.perf import PerfOptions, encode_payloads
 from analyzer.loadgen.server_stats import composing_models
 from analyzer.monitor.base import Sampler
@@ -131,7 +132,8 @@ class WorkerSession:
         gpu = self.samplers["gpu"]
         if gpu.available() and not self.outcome.server_only:
             t0 = time.monotonic_ns()  # the idle server: MA's server-only metrics
-            time.sleep(max(0.5, 3 * interval))
+            seconds = self.config.duration_seconds  # MA's duration_seconds
+            time.sleep(seconds if seconds is not None else max(0.5, 3 * interval))
             summary = gpu.summary(t0, time.monotonic_ns())
             self.outcome.server_only = [
                 {"gpu_uuid": g.uuid, "gpu_used_memory": g.memory_used_max_mb,
@@ -186,10 +188,25 @@ class WorkerSession:
                 f"the worker exited ({launcher.exit_status()}) during the measurement; its last "
                 f"log lines:\n{launcher.last_words()}"
             )
+        if self.config.perf_output:
+            self._perf_output(result, trial, point)
         measurement = from_point(point, result.model, result.name, trial.load, trial.value,
                                  time.time())  # fmt: skip
         measurement.host = owner_id()
         return measurement
+
+    def _perf_output(self, result: ConfigResult, trial: SearchPoint, point: PerfPoint) -> None:
+        """MA's perf_output: each point's report as perf_analyzer words it, appended to
+        perf_output_path (or printed)."""
+        text = (f"*** {result.name}: {trial.load.replace('_', ' ')} {trial.value}, batch size "
+                f"{trial.batch_size} ***\n{point_text(point)}\n")  # fmt: skip
+        path = self.config.perf_output_path
+        if path is None:
+            print(text, flush=True)
+            return
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as out:
+            out.write(text + "\n")
 
     def _serve_composing(self, launcher: Launcher, result: ConfigResult) -> None:
         """A BLS variant's composing models, served under the names its code calls (loaded

@@ -463,7 +463,8 @@ def test_an_ma_config_with_tritonserver_flags_runs_with_notes(tmp_path):
     run = profile(tmp_path, "-f", "cfg.yaml", "-v", "--collect-cpu-metrics",
                   "--skip-detailed-reports", "--triton-output-path", "LOG",
                   "--perf-analyzer-path", "perf_analyzer", "--output-model-repository-path",
-                  "OUT", "--export-path", "EXP", *FAST)  # fmt: skip
+                  "OUT", "--export-path", "EXP", "--perf-output", "--perf-output-path", "PA",
+                  *FAST)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "'collect_cpu_metrics' has no effect here" in run.stdout
     assert "perf_analyzer_flags 'max-threads' has no effect here" in run.stdout
@@ -473,6 +474,9 @@ def test_an_ma_config_with_tritonserver_flags_runs_with_notes(tmp_path):
     log = (tmp_path / "LOG").read_text()  # --triton-output-path, as MA
     assert "note: --strict-model-config has no effect here" in log
     assert "note: --backend-config has no effect here" in log
+    reports = (tmp_path / "PA").read_text()  # MA's perf_output: each point, as PA words it
+    assert "*** envcheck_config_default: concurrency 1, batch size 1 ***" in reports
+    assert "Throughput:" in reports and "p99 latency:" in reports
     reports = tmp_path / "EXP" / "reports"
     assert (reports / "summaries" / "envcheck" / "result_summary.html").exists()
     assert not (reports / "detailed").exists()  # --skip-detailed-reports, as MA

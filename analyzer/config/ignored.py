@@ -21,15 +21,12 @@ IGNORED = {
     "perf_analyzer_timeout": Ignored(_BUILT_IN),
     "perf_analyzer_cpu_util": Ignored("the load generator measures its own CPU use"),
     "perf_analyzer_max_auto_adjusts": Ignored(_BUILT_IN),
-    "perf_output": Ignored(_BUILT_IN, "bool"),
-    "perf_output_path": Ignored(_BUILT_IN),
     "triton_server_path": Ignored(
         "the worker is model-analyzer serve (NVIDIA's MA runs it as model-analyzer-server)"
     ),
     "triton_install_path": Ignored("the worker is model-analyzer serve"),
     "dcgm_disable": Ignored("GPUs are read through NVML", "bool"),
     "collect_cpu_metrics": Ignored("CPU metrics are always collected for a local worker", "bool"),
-    "duration_seconds": Ignored("points stop when stable", flags=("-d",)),
     "client_max_retries": Ignored("requests are not retried", flags=("-r",)),
     "reload_model_disable": Ignored("variants are always loaded fresh", "bool"),
     "always_report_gpu_metrics": Ignored(

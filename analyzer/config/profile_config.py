@@ -39,7 +39,8 @@ __all__ = ["ModelSpec", "ProfileConfig", "ProfileConfigError", "load_profile_con
 
 STORAGE_VARIABLE = "MODEL_ANALYZER_STORAGE"
 _PATHS = ("model_repository", "output_model_repository_path", "export_path",
-          "checkpoint_directory", "search_space", "triton_output_path")  # fmt: skip
+          "checkpoint_directory", "search_space", "triton_output_path",
+          "perf_output_path")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,14 @@ class Settings:
         "Write no summary report (MA's); `model-analyzer report` can still make it.")
     skip_detailed_reports: bool = setting("bool", False,
         "Write no detailed reports (MA's); `model-analyzer report` can still make them.")
+    perf_output: bool = setting("bool", False,
+        "Write the load generator's report of every point, in perf_analyzer's words, to "
+        "perf_output_path, or to stdout without one (MA's).")
+    perf_output_path: str | None = setting("path", None,
+        "File that perf_output appends to (MA's).")
+    duration_seconds: float | None = setting("float", None,
+        "Seconds of the idle server's GPU metrics (MA's server-only metrics) at each worker "
+        "start when a GPU is sampled (default 0.5 s, or 3 monitoring intervals).", flags=("-d",))
     triton_output_path: str | None = setting("path", None,
         "File the local or docker worker's output is appended to (MA's; default "
         "EXPORT_PATH/logs/worker.log).")
