@@ -198,3 +198,21 @@ def test_sigint_finalizes_every_instance(worker):
     assert worker.process.wait(60) == 0
     names = sorted(worker.marker.read_text().split())
     assert names == ["lifecycle_0_0", "lifecycle_0_1"]
+
+
+@pytest.mark.parametrize("flag", ["--disable-auto-complete-config=true",
+                                  "--strict-model-config=true"])  # fmt: skip
+def test_without_auto_complete_the_config_is_served_as_written(tmp_path, flag):
+    """Triton's --disable-auto-complete-config (and its older --strict-model-config=true): the
+    backend does not fill in the config; `auto` is then served as its config.pbtxt says."""
+    config, code = MODELS["auto"]
+    (tmp_path / "auto" / "1").mkdir(parents=True)
+    (tmp_path / "auto" / "config.pbtxt").write_text(config)
+    (tmp_path / "auto" / "1" / "model.py").write_text(code)
+    served = start_worker(tmp_path, flag)
+    try:
+        served_config = httpclient.InferenceServerClient(served.http).get_model_config("auto")
+    finally:
+        served.stop()
+    assert served_config.get("max_batch_size", 0) == 0 and not served_config.get("input")
+    assert not any("has no effect" in line for line in served.output)

@@ -52,6 +52,14 @@ def serve(
         str, typer.Option(help="true: exit if a model fails to load at start.")
     ] = "true",
     log_verbose: Annotated[int, typer.Option(help="1: log loads and batches.")] = 0,
+    disable_auto_complete_config: Annotated[
+        str, typer.Option(help="true: a model's config is used as written; no backend fills "
+                               "in what it lacks (Triton's).")
+    ] = "false",
+    strict_model_config: Annotated[
+        str, typer.Option(help="true: as --disable-auto-complete-config=true (Triton's older "
+                               "name).")
+    ] = "false",
     exit_on_stdin_eof: Annotated[
         bool, typer.Option(help="Stop when stdin closes (the launcher's lifeline).")
     ] = False,
@@ -129,6 +137,8 @@ def serve(
         grpc_restricted_protocol=list(grpc_restricted_protocol or []),
         exit_timeout_s=exit_timeout_secs,
         loop_yields=_switch("--loop-yields-to-models", loop_yields_to_models),
+        auto_complete=not (_switch("--disable-auto-complete-config", disable_auto_complete_config)
+                           or _switch("--strict-model-config", strict_model_config)),
     )
     raise typer.Exit(run_worker(options))
 

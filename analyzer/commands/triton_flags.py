@@ -13,7 +13,7 @@ import typer
 # tritonserver's flags that serve does not have under the same name (serve's own are its
 # parameters); every one may be repeated, as several of Triton's are
 NO_EFFECT = """
-id log-info log-warning log-error log-format log-file model-store disable-auto-complete-config
+id log-info log-warning log-error log-format log-file model-store
 strict-readiness repository-poll-secs model-load-thread-count model-load-retry-count
 model-namespacing reuse-http-port http-header-forward-pattern http-thread-count grpc-address
 reuse-grpc-port grpc-header-forward-pattern grpc-infer-allocation-pool-size grpc-use-ssl
@@ -28,7 +28,7 @@ metrics-address metrics-interval-ms metrics-config trace-config backend-director
 repoagent-directory cache-config cache-directory rate-limit rate-limit-resource
 pinned-memory-pool-byte-size cuda-memory-pool-byte-size cuda-virtual-address-size
 min-supported-compute-capability buffer-management-thread-count host-policy model-load-gpu-limit
-strict-model-config response-cache-byte-size trace-file trace-level trace-rate trace-count
+response-cache-byte-size trace-file trace-level trace-rate trace-count
 trace-log-frequency
 """.split()
 

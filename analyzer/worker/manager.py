@@ -73,6 +73,7 @@ class ModelManager:
         control_mode: str = "none",
         allow_file_uploads: bool = False,
         max_instance_count: int = 64,
+        auto_complete: bool = True,
     ):
         if control_mode not in CONTROL_MODES:
             raise ValueError(
@@ -80,6 +81,7 @@ class ModelManager:
             )
         self.repository = Path(repository)
         self.control_mode = control_mode
+        self.auto_complete = auto_complete  # off: --disable-auto-complete-config
         self.allow_file_uploads = allow_file_uploads
         self.max_instance_count = max_instance_count
         self._lock = threading.RLock()
@@ -300,7 +302,8 @@ class ModelManager:
         if source.backend == ENSEMBLE:
             return self._build_ensemble(source)
         backend = self._backend(source.backend)
-        backend.auto_complete(source, source.versions[-1])
+        if self.auto_complete:
+            backend.auto_complete(source, source.versions[-1])
         built: dict[int, Served] = {}
         try:
             for version in source.versions:

@@ -56,6 +56,7 @@ class ServeOptions:
     exit_timeout_s: float = 15.0  # Triton's --exit-timeout-secs: SIGTERM to exit, at most
     # the event loop yields the core to model threads instead of preempting them (sched.py)
     loop_yields: bool = True
+    auto_complete: bool = True  # Triton's auto-complete of a model's config by its backend
 
 
 class StartupError(RuntimeError):
@@ -70,6 +71,7 @@ class Worker:
             options.model_control_mode,
             allow_file_uploads=options.allow_model_file_uploads,
             max_instance_count=options.limits.max_instance_count,
+            auto_complete=options.auto_complete,
         )
         self.servers: list[asyncio.AbstractServer] = []
         self.metrics: MetricsServer | None = None
