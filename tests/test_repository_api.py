@@ -83,3 +83,41 @@ def test_bad_config_fails_startup_with_file_and_line(tmp_path):
         start_worker(tmp_path, timeout=60)
     message = str(info.value)
     assert "config.pbtxt, line 2" in message and "max_batch" in message
+
+
+def _until(check, what: str, seconds: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"poll mode never {what}"
+        time.sleep(0.1)
+
+
+def test_poll_mode_follows_the_repository(tmp_path):
+    """Triton's --model-control-mode poll with --repository-poll-secs: a model folder added is
+    loaded, one changed is loaded again with its new config, one removed is unloaded; the
+    repository API's load and unload are refused, as Triton refuses them while polling."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    served = start_worker(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.2")
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        assert client.is_model_ready("add_sub")
+        shutil.copytree(EXAMPLES / "add_sub", tmp_path / "add2")
+        config = tmp_path / "add2" / "config.pbtxt"
+        config.write_text(config.read_text().replace('"add_sub"', '"add2"'))
+        (tmp_path / "add2").rename(repo / "add2")  # whole, as a deployment would move it in
+        _until(lambda: client.is_model_ready("add2"), "loaded the added model")
+        config = repo / "add_sub" / "config.pbtxt"
+        config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 4"))
+        _until(lambda: client.get_model_config("add_sub")["max_batch_size"] == 4,
+               "reloaded the changed model")  # fmt: skip
+        shutil.rmtree(repo / "add2")
+        _until(lambda: not client.is_model_ready("add2"), "unloaded the removed model")
+        assert client.is_model_ready("add_sub")
+        with pytest.raises(InferenceServerException, match="polling is enabled"):
+            client.load_model("add2")
+    finally:
+        client.close()
+        assert served.stop() == 0

@@ -29,6 +29,7 @@ def _switch(flag: str, value: str) -> bool:
 class ControlMode(StrEnum):
     none = "none"
     explicit = "explicit"
+    poll = "poll"
 
 
 def serve(
@@ -42,6 +43,10 @@ def serve(
     grpc_port: Annotated[int, typer.Option(help="gRPC port (0 picks a free one).")] = 8001,
     metrics_port: Annotated[int, typer.Option(help="Metrics port (0 picks a free one).")] = 8002,
     model_control_mode: Annotated[ControlMode, typer.Option()] = ControlMode.none,
+    repository_poll_secs: Annotated[
+        float, typer.Option(help="Poll mode: seconds between looks at the repository (models "
+                                 "added, removed or changed are loaded, unloaded, reloaded).")
+    ] = 15.0,
     load_model: Annotated[
         list[str] | None, typer.Option(help="Model to load at start in explicit mode ('*': all).")
     ] = None,
@@ -137,10 +142,17 @@ def serve(
         grpc_restricted_protocol=list(grpc_restricted_protocol or []),
         exit_timeout_s=exit_timeout_secs,
         loop_yields=_switch("--loop-yields-to-models", loop_yields_to_models),
+        repository_poll_secs=_positive("--repository-poll-secs", repository_poll_secs),
         auto_complete=not (_switch("--disable-auto-complete-config", disable_auto_complete_config)
                            or _switch("--strict-model-config", strict_model_config)),
     )
     raise typer.Exit(run_worker(options))
+
+
+def _positive(flag: str, value: float) -> float:
+    if value <= 0:
+        raise typer.BadParameter(f"{flag} must be positive, got {value:g}")
+    return value
 
 
 def _limits(flags: dict[str, Any]) -> Limits:

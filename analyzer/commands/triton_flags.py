@@ -14,7 +14,7 @@ import typer
 # parameters); every one may be repeated, as several of Triton's are
 NO_EFFECT = """
 id log-info log-warning log-error log-format log-file model-store
-strict-readiness repository-poll-secs model-load-thread-count model-load-retry-count
+strict-readiness model-load-thread-count model-load-retry-count
 model-namespacing reuse-http-port http-header-forward-pattern http-thread-count grpc-address
 reuse-grpc-port grpc-header-forward-pattern grpc-infer-allocation-pool-size grpc-use-ssl
 grpc-use-ssl-mutual grpc-server-cert grpc-server-key grpc-root-cert

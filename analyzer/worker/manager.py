@@ -34,7 +34,7 @@ from analyzer.worker.names import check_model_name
 log = logging.getLogger(__name__)
 Served = ModelVersion | EnsembleVersion  # what a loaded model version is, to the protocols
 
-CONTROL_MODES = ("none", "explicit")
+CONTROL_MODES = ("none", "explicit", "poll")
 UPLOAD_FLAG = "--allow-model-file-uploads=true"
 # errors whose message already says what is wrong; anything else is prefixed with its type
 _CLEAN_ERRORS = (RepositoryError, ConfigError, ValueError, InferError)
@@ -82,6 +82,7 @@ class ModelManager:
         self.repository = Path(repository)
         self.control_mode = control_mode
         self.auto_complete = auto_complete  # off: --disable-auto-complete-config
+        self._polled: dict[str, tuple] = {}  # poll mode: each model folder's files at last look
         self.allow_file_uploads = allow_file_uploads
         self.max_instance_count = max_instance_count
         self._lock = threading.RLock()
@@ -96,7 +97,9 @@ class ModelManager:
     def startup(self, load_models: list[str]) -> list[str]:
         """Load the models the control mode asks for; return one error line per failed model."""
         names = list_models(self.repository)
-        if self.control_mode == "none" or "*" in load_models:
+        if self.control_mode == "poll":
+            self._polled = _snapshot(self.repository)
+        if self.control_mode in ("none", "poll") or "*" in load_models:
             wanted = names
         else:
             wanted = load_models
@@ -104,6 +107,29 @@ class ModelManager:
         for name in wanted:
             if self.is_ready(name):
                 continue  # loaded already, as a composing model of an ensemble before it
+            try:
+                self._load(name, None, None)
+            except (InferError, RepositoryError, ConfigError, ValueError) as err:
+                errors.append(f"failed to load '{name}': {err}")
+        return errors
+
+    def poll(self) -> list[str]:
+        """One pass of Triton's poll mode: a model folder added to the repository is loaded, one
+        removed is unloaded, one whose files changed (a file added, removed, resized or touched)
+        is loaded again -- the new versions serve before the old ones drain, and a failed reload
+        keeps the old ones. Returns one line per failure."""
+        try:
+            now = _snapshot(self.repository)
+        except (RepositoryError, OSError) as err:
+            return [f"repository poll: {err}"]
+        before, self._polled = self._polled, now
+        errors = []
+        for name in sorted(set(before) - set(now)):
+            self._unload(name, missing_ok=True)
+            log.info("poll: model '%s' left the repository: unloaded", name)
+        for name in sorted(now):
+            if before.get(name) == now[name]:
+                continue
             try:
                 self._load(name, None, None)
             except (InferError, RepositoryError, ConfigError, ValueError) as err:
@@ -364,6 +390,23 @@ class ModelManager:
                     temp, entry.temp_dir = entry.temp_dir, None
                 if temp:
                     shutil.rmtree(temp, ignore_errors=True)
+
+
+def _snapshot(repository: Path) -> dict[str, tuple]:
+    """Each model folder's files (path, size, mtime): what poll mode compares between looks."""
+    out: dict[str, tuple] = {}
+    for name in list_models(repository):
+        files = []
+        for root, _, names in os.walk(repository / name):
+            for file in names:
+                path = Path(root) / file
+                try:
+                    info = path.stat()
+                except OSError:  # removed while walking: the next look sees it gone
+                    continue
+                files.append((str(path.relative_to(repository)), info.st_size, info.st_mtime_ns))
+        out[name] = tuple(sorted(files))
+    return out
 
 
 def _one_version(source: ModelSource) -> ModelSource:

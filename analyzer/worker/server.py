@@ -57,6 +57,7 @@ class ServeOptions:
     # the event loop yields the core to model threads instead of preempting them (sched.py)
     loop_yields: bool = True
     auto_complete: bool = True  # Triton's auto-complete of a model's config by its backend
+    repository_poll_secs: float = 15.0  # poll mode: seconds between looks at the repository
 
 
 class StartupError(RuntimeError):
@@ -78,6 +79,7 @@ class Worker:
         self.grpc = None
         self.api: RestApi | None = None
         self.ports: dict[str, int] = {}
+        self._poller: asyncio.Task | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -120,7 +122,17 @@ class Worker:
             raise StartupError(f"cannot listen on {opts.host}: {err.strerror or err}") from None
         if opts.loop_yields:
             sched.batch_policy()
+        if opts.model_control_mode == "poll":
+            self._poller = asyncio.create_task(self._poll())
         self.api.ready = True
+
+    async def _poll(self) -> None:
+        """Triton's poll mode: the repository is looked at every repository_poll_secs."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.options.repository_poll_secs)
+            for line in await loop.run_in_executor(None, self.manager.poll):
+                print(f"error: {line}", file=sys.stderr, flush=True)
 
     async def _listen(self, name: str, handler, port: int) -> None:
         server = await start_http_server(handler, self.options.host, port, self.options.limits)
@@ -135,6 +147,8 @@ class Worker:
         return f"model-analyzer serve ready: {ports} models=[{models}]"
 
     async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
         if self.api is not None:
             self.api.ready = False
         for server in self.servers:
