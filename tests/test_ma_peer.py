@@ -187,3 +187,105 @@ def test_every_ma_key_is_accepted_and_listed_in_the_readme(tmp_path):
             else:
                 argv = [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
             load_profile_config([*repo, *argv], cwd=tmp_path)  # raises on a refused flag
+
+
+# run by the peer's interpreter: MA's own parser on a command line, its resulting settings
+_MA_PARSE = """
+import json, sys
+from model_analyzer.cli.cli import CLI
+from model_analyzer.config.input.config_command_profile import ConfigCommandProfile
+from model_analyzer.config.input.config_command_report import ConfigCommandReport
+
+config = ConfigCommandProfile()
+cli = CLI()
+cli.add_subcommand(cmd="profile", help="", config=config)
+cli.add_subcommand(cmd="report", help="", config=ConfigCommandReport())
+sys.argv = ["model-analyzer", "profile", *json.loads(sys.argv[1])]
+_, config = cli.parse()
+models = {m.model_name(): {"objectives": m.objectives(), "constraints": m.constraints() or {},
+                           "parameters": m.parameters(),
+                           "perf_analyzer_flags": m.perf_analyzer_flags() or {}}
+          for m in config.profile_models}
+values = {k: f.value() for k, f in config._fields.items() if k != "profile_models"}
+print(json.dumps({"values": values, "models": models}, default=repr))
+"""
+MA_YAML = """
+objectives: {perf_latency_p99: 10, perf_throughput: 5}
+constraints: {perf_latency_p99: {max: 100}}
+latency_budget: 200
+num_configs_per_model: 2
+profile_models:
+  add_sub:
+    parameters: {concurrency: [1, 2, 4], batch_sizes: [1, 2]}
+    perf_analyzer_flags: {percentile: 95, measurement-interval: 500}
+  tiny_cnn:
+    objectives: {perf_throughput: 10}
+    constraints: {perf_throughput: {min: 50}}
+"""
+MA_LINES = [  # MA command lines as its users type them
+    "--profile-models add_sub,tiny_cnn -b 1,2 -c 1,4 --latency-budget 50 --min-throughput 10 "
+    "--run-config-search-max-concurrency 64",
+    "--profile-models add_sub --run-config-search-mode quick --run-config-search-max-instance-count"
+    " 3 --run-config-search-max-model-batch-size 16 --client-protocol http "
+    "--num-configs-per-model 2",
+    "--profile-models add_sub --request-rate-search-enable --run-config-search-max-request-rate 256"
+    " --early-exit-enable --run-config-search-min-request-rate 32",
+    "--profile-models add_sub --run-config-search-mode optuna --optuna-min-trials 10 "
+    "--optuna-max-trials 30 --use-concurrency-formula --concurrency-sweep-disable "
+    "--min-percentage-of-search-space 3",
+    "-f {yaml}",
+]
+
+
+def _same(ma, ours) -> bool:
+    """Equal as MA and we write them: numbers as numbers, flag values as text."""
+    if isinstance(ma, dict) and isinstance(ours, dict):
+        return set(ma) == set(ours) and all(_same(ma[k], ours[k]) for k in ma)
+    if isinstance(ma, list) and isinstance(ours, list):
+        return len(ma) == len(ours) and all(map(_same, ma, ours))
+    if isinstance(ma, int | float) and isinstance(ours, int | float):
+        return float(ma) == float(ours)
+    return str(ma) == str(ours)
+
+
+def test_ma_and_we_read_ma_command_lines_and_files_alike(tmp_path):
+    """Issue 15's item 7: MA 1.58's own parser and ours on the same command lines and the same
+    YAML file: every key given, and each model's objectives, constraints (latency_budget and
+    min_throughput over a model's own, as MA applies them), load parameters and perf_analyzer
+    flags, come out the same."""
+    import shlex
+
+    from analyzer.config.profile_config import load_profile_config
+
+    python = PEER.parent / "python"
+    assert python.exists(), "the set-up (make test) installs NVIDIA's MA into .venv/peers"
+    (tmp_path / "ma.yaml").write_text(MA_YAML)
+    env = {"PATH": f"{PERF_ANALYZER.parent}:/usr/bin:/bin"}  # MA checks perf_analyzer is there
+    for line in MA_LINES:
+        argv = ["-m", str(EXAMPLES), *shlex.split(line.format(yaml=tmp_path / "ma.yaml"))]
+        done = subprocess.run([str(python), "-c", _MA_PARSE, json.dumps(argv)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        ma = json.loads(done.stdout.splitlines()[-1])
+        ours = load_profile_config(argv, cwd=tmp_path)
+        given = [a[2:].replace("-", "_") for a in argv if a.startswith("--")]
+        given += [k for k in yaml.safe_load(MA_YAML) if "-f" in argv]
+        for key in given:
+            if key in ("profile_models", "objectives", "constraints"):
+                continue  # compared per model below
+            key = {"b": "batch_sizes", "c": "concurrency"}.get(key, key)
+            assert _same(ma["values"][key], getattr(ours, key)), (line, key)
+        for spec in ours.models:
+            theirs = ma["models"][spec.name]
+            assert _same(theirs["objectives"], spec.objectives), (line, spec.name)
+            constraints = theirs["constraints"]
+            if isinstance(constraints, str):  # MA's constraints object, printed as a dict
+                import ast
+
+                constraints = ast.literal_eval(constraints)
+            assert _same(constraints, spec.constraints), (line, spec.name)
+            # MA's optuna mode leaves batch_sizes empty when not given: client batch 1
+            theirs["parameters"]["batch_sizes"] = theirs["parameters"]["batch_sizes"] or [1]
+            for key in ("batch_sizes", "concurrency", "request_rate"):
+                assert _same(theirs["parameters"][key], getattr(spec, key)), (line, key)
+            assert _same(theirs["perf_analyzer_flags"], spec.perf_analyzer_flags), line

@@ -222,8 +222,8 @@ def _model_spec(
         request_rate=listed("request_rate"),
         objectives=objectives(params["objectives"], here) if "objectives" in params
         else dict(values["objectives"]),
-        constraints=constraints(params["constraints"], here) if "constraints" in params
-        else {k: dict(v) for k, v in values["constraints"].items()},
+        constraints=_with_budgets(constraints(params["constraints"], here), values)
+        if "constraints" in params else {k: dict(v) for k, v in values["constraints"].items()},
         model_config_parameters=mcp,
         perf_analyzer_flags={**values["perf_analyzer_flags"],
                              **perf_flags(params.get("perf_analyzer_flags"), here, notes)},
@@ -232,6 +232,17 @@ def _model_spec(
                                               f"{here}.triton_server_environment"),
         triton_docker_args=dict(docker_args),
     )  # fmt: skip
+
+
+def _with_budgets(own: dict[str, dict[str, float]],
+                  values: dict[str, Any]) -> dict[str, dict[str, float]]:  # fmt: skip
+    """MA applies latency_budget and min_throughput to every model, over a model's own
+    constraints too."""
+    if values["latency_budget"] is not None:
+        own.setdefault("perf_latency_p99", {})["max"] = float(values["latency_budget"])
+    if values["min_throughput"] is not None:
+        own.setdefault("perf_throughput", {})["min"] = float(values["min_throughput"])
+    return own
 
 
 def environment(value: Any, where: str) -> dict[str, str]:
