@@ -536,3 +536,25 @@ def test_quick_without_final_sweeps_and_optuna_at_the_concurrency_formula(tmp_pa
         target = 2 * t.params.get("max_batch_size", 1) * t.params["instance_count"]
         assert t.value == min(target, search.levels[-1]), t
     assert any(t.value not in search.levels for t in searched)  # e.g. 24: not a power of two
+
+
+def test_early_exit_as_ma_has_it():
+    """MA's early_exit_enable: fixed concurrency values stop once throughput plateaus, and a
+    manual search skips larger max_batch_size values once one does not beat the smaller ones;
+    without it every value and every option is measured, as given."""
+    levels = [1, 2, 4, 8, 16, 32, 64, 128]
+
+    def run(**caps):
+        limits = SearchLimits(own_max_batch_size=8, concurrency=levels, **caps)
+        return _walk(BruteSearch(load_search_space(), limits),
+                     lambda t: 100.0 * min(t.value, 4) * {1: 1, 2: 2, 4: 1.5, 8: 3}.get(
+                         t.params.get("max_batch_size", 1), 1))  # fmt: skip
+
+    manual = {"max_batch_size": [1, 2, 4, 8]}
+    every = run(manual=manual)
+    assert len(every) == 5 * len(levels)  # the default and four options, every value
+    early = run(manual=manual, early_exit=True)
+    default = [t.value for t in early if not t.params]
+    assert default == [1, 2, 4, 8, 16, 32]  # flat from 4: the plateau rule stops it
+    sizes = [t.params["max_batch_size"] for t in early if t.params]
+    assert sorted(set(sizes)) == [1, 2, 4]  # 4 is not better than 2: 8 is skipped

@@ -118,7 +118,10 @@ class Settings:
     request_rate_search_enable: bool = setting("bool", False,
         "Sweep request rates, not concurrency.")
     early_exit_enable: bool = setting("bool", False,
-        "Also stop a sweep at the first point that breaks a latency constraint.")
+        "Brute, as MA: fixed concurrency/request-rate values and client batch sizes stop once "
+        "throughput plateaus, and model_config_parameters' larger max_batch_size values are "
+        "skipped once one does not beat the smaller ones; also a sweep stops at the first point "
+        "that breaks a latency constraint.")
     concurrency_sweep_disable: bool = setting("bool", False,
         "Quick and optuna: no full load sweep of the top configs after the search (MA's); the "
         "final comparison still re-measures them at their best point.")

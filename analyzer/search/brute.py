@@ -5,12 +5,16 @@ for each instance count, max_batch_size doubles from the lower cap, every queue 
 each max_batch_size (delays only matter when a batch can hold two requests), and the doubling stops
 once the best throughput at a max_batch_size no longer beats every smaller one. Each variant's load
 sweep (powers of two) stops on MA's plateau rule, or -- with early exit -- at the first point
-that breaks a latency limit.
+that breaks a latency limit. MA's early_exit_enable also stops fixed load values and client batch
+sizes on the plateau rule, and a manual search's larger max_batch_size values once one does not
+beat the smaller ones. After the search, MA's binary search refines the load of the top configs
+at their constraint boundary.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Generator
 from typing import Any
 
@@ -52,9 +56,7 @@ class BruteSearch(WalkStrategy):
         limits = self.limits
         yield from self._sweep({}, limits.own_max_batch_size)
         if limits.manual:
-            for option in expand_manual(limits.manual):
-                mbs = option.get("max_batch_size", limits.own_max_batch_size)
-                yield from self._sweep(option, int(mbs))
+            yield from self._manual(expand_manual(limits.manual))
             return
         if limits.search_disable:
             return
@@ -82,13 +84,38 @@ class BruteSearch(WalkStrategy):
                 if self.space.stop_when_not_better and any(best <= t for t in chain[:-1]):
                     break
 
+    def _manual(self, options: list[dict[str, Any]]) -> Generator[SearchPoint, None, None]:
+        """MA's manual search (model_config_parameters), in its order. With early_exit_enable,
+        as MA: among options that differ only in max_batch_size, larger ones are skipped once
+        one fails or does not beat every smaller one."""
+        chains: dict[str, list[float]] = {}
+        stopped: set[str] = set()
+        for option in options:
+            mbs = int(option.get("max_batch_size", self.limits.own_max_batch_size))
+            rest = json.dumps({k: v for k, v in option.items() if k != "max_batch_size"},
+                              sort_keys=True)  # fmt: skip
+            if rest in stopped:
+                continue
+            best = yield from self._sweep(option, mbs)
+            chain = chains.setdefault(rest, [])
+            if self.limits.early_exit and (best <= 0 or any(best <= b for b in chain)):
+                stopped.add(rest)
+            chain.append(best)
+
     def _sweep(
         self, params: dict[str, Any], max_batch_size: int
     ) -> Generator[SearchPoint, None, float]:
         """Every client batch size, each over the load sweep; returns the best throughput seen
-        (0 when the variant failed)."""
+        (0 when the variant failed). As MA: a swept load stops on the plateau rule, and so do
+        fixed load values and the client batch sizes with early_exit_enable (or, for the batch
+        sizes, when the load is swept); with early exit a sweep also stops at the first point
+        that breaks a latency limit."""
         load, values, sweep = load_levels(self.space, self.limits)
+        early = self.limits.early_exit
+        rule = sweep or (self.space.request_rate if load == "request_rate"
+                         else self.space.concurrency)  # fmt: skip
         best = 0.0
+        by_batch: list[float] = []
         for batch in self.limits.batch_sizes:
             if max_batch_size > 0 and batch > max_batch_size:
                 continue  # the server would refuse it
@@ -103,10 +130,13 @@ class BruteSearch(WalkStrategy):
                     return best
                 seen.append(outcome.throughput)
                 best = max(best, outcome.throughput)
-                if self.limits.early_exit and outcome.breaks_latency_limit:
+                if early and outcome.breaks_latency_limit:
                     break
-                if sweep is not None and sweep.plateaued(seen):
+                if (sweep is not None or early) and rule.plateaued(seen):
                     break
+            by_batch.append(max(seen))
+            if (sweep is not None or early) and rule.plateaued(by_batch):
+                break  # MA: no larger client batch once throughput stops growing with it
         return best
 
     def _boundary_searches(self) -> Generator[SearchPoint, None, None]:
