@@ -558,3 +558,26 @@ def test_early_exit_as_ma_has_it():
     assert default == [1, 2, 4, 8, 16, 32]  # flat from 4: the plateau rule stops it
     sizes = [t.params["max_batch_size"] for t in early if t.params]
     assert sorted(set(sizes)) == [1, 2, 4]  # 4 is not better than 2: 8 is skipped
+
+
+def test_quick_and_optuna_search_request_rates(tmp_path):
+    """MA's request_rate and request_rate_search_enable in quick and optuna modes: the load
+    climbed and swept is the request rate (the given values, or the space's levels), not
+    concurrency."""
+    from analyzer.search.optuna import OptunaSearch, OptunaSettings
+    from analyzer.search.quick import QuickSearch
+
+    caps = {"own_max_batch_size": 8, "max_model_batch_size": 16, "max_instance_count": 2,
+            "max_request_rate": 1024}  # fmt: skip
+    for limits in (SearchLimits(**caps, request_rate_search=True),
+                   SearchLimits(**caps, request_rate=[64, 256])):  # fmt: skip
+        settings = OptunaSettings(storage=f"sqlite:///{tmp_path / f'{id(limits)}.db'}",
+                                  study_name="s", seed=1, min_trials=10, max_trials=15)  # fmt: skip
+        for search in (QuickSearch(load_search_space(), limits),
+                       OptunaSearch(load_search_space(), limits, settings)):  # fmt: skip
+            trials = _walk(search, lambda t: min(float(t.value), 300.0))
+            assert trials and {t.load for t in trials} == {"request_rate"}
+            if limits.request_rate:
+                assert {t.value for t in trials} <= {64, 256}
+            else:
+                assert len({t.value for t in trials}) > 2

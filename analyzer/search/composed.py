@@ -65,9 +65,7 @@ class ComposedQuickSearch(QuickSearch):
                 index = max(i for i, s in enumerate(sizes) if s <= max(own, sizes[0]))
                 batch = max(batch, sizes[index])
             parts.append((self.counts[0], index, 0))
-        target = 2 * batch * self.counts[0]  # MA's quick-mode concurrency formula
-        level = min(range(len(self.levels)), key=lambda i: abs(self.levels[i] - target))
-        return ComposedState(tuple(parts), level)
+        return ComposedState(tuple(parts), self._start_level(2 * batch * self.counts[0]))
 
     def _neighbours(self, s: ComposedState) -> list[ComposedState]:  # type: ignore[override]
         out = []

@@ -139,6 +139,9 @@ class OptunaSearch(QuickSearch):
         # Concurrency relative to MA's formula (2 x max_batch_size x instances), in powers of two:
         # the concurrency a config needs scales with the requests it can hold, so one offset
         # means the same load for every config and the sampler learns it across configs.
+        if self.load == "request_rate":  # no formula for a rate: its levels are the dimension
+            return params, self.levels[trial.suggest_int("request_rate_index", 0,
+                                                         len(self.levels) - 1)]  # fmt: skip
         offset = 0 if limits.concurrency_formula else trial.suggest_int(
             "concurrency_offset_log2", -OFFSET_RANGE, OFFSET_RANGE)  # fmt: skip
         target = 2.0 * params.get("max_batch_size", 1) * params["instance_count"] * 2.0**offset
@@ -249,10 +252,10 @@ class OptunaSearch(QuickSearch):
         MA's concurrency_sweep_disable."""
         if self.limits.sweep_disable:
             return
-        if self.limits.concurrency:
+        if self.fixed_load:
             yield from super()._final_sweeps()
             return
-        gain = self.space.concurrency.plateau_min_gain
+        gain = self.sweep.plateau_min_gain
         for params_json in self._chosen():
             known = {t.value: o for t, o in self.asked.items() if o.ok
                      and t.params_json == params_json and t.batch_size == self.batch
@@ -278,7 +281,7 @@ class OptunaSearch(QuickSearch):
                     top = max(top or 0.0, outcome.throughput)
 
     def _trial_at(self, params_json: str, index: int) -> SearchPoint:
-        return SearchPoint(params_json, "concurrency", self.levels[index], self.batch)
+        return SearchPoint(params_json, self.load, self.levels[index], self.batch)
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> float | None:
         if not outcome.ok:

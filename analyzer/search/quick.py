@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.search.base import Outcome, SearchLimits, SearchPoint, WalkStrategy
-from analyzer.search.space import SearchSpace
+from analyzer.search.space import SearchSpace, load_levels
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,10 @@ class QuickSearch(WalkStrategy):
         self.sizes = space.max_batch_size.values(limits.min_model_batch_size,
                                                  limits.max_model_batch_size)  # fmt: skip
         self.delays = space.queue_delays_us
-        self.levels = limits.concurrency or space.concurrency.values(
-            limits.min_concurrency, limits.max_concurrency)
+        # the load climbed: concurrency, or request rate (request_rate given, or its search)
+        self.load, self.levels, sweep = load_levels(space, limits)
+        self.fixed_load = sweep is None  # values the user gave: all measured in the sweeps
+        self.sweep = sweep or space.concurrency
         self.batch = min(limits.batch_sizes)
         self.asked: dict[SearchPoint, Outcome] = {}
         self.best_by_config: dict[str, float] = {}
@@ -67,7 +69,7 @@ class QuickSearch(WalkStrategy):
                 "max_queue_delay_microseconds": delay}  # fmt: skip
 
     def _trial(self, params: dict[str, Any], concurrency: int) -> SearchPoint:
-        return SearchPoint.make(params, "concurrency", concurrency, self.batch)
+        return SearchPoint.make(params, self.load, concurrency, self.batch)
 
     def _measure(self, trial: SearchPoint) -> Generator[SearchPoint, None, Outcome]:
         if trial not in self.asked:
@@ -81,9 +83,14 @@ class QuickSearch(WalkStrategy):
             own = min(self.limits.own_max_batch_size, self.sizes[-1])
             size = max(i for i, s in enumerate(self.sizes) if s <= max(own, self.sizes[0]))
         mbs = self.sizes[size] if self.limits.own_max_batch_size > 0 else 1
-        target = 2 * mbs * count  # MA's quick-mode concurrency formula, as the starting point
-        level = min(range(len(self.levels)), key=lambda i: abs(self.levels[i] - target))
-        return State(count, size, 0, level)
+        return State(count, size, 0, self._start_level(2 * mbs * count))
+
+    def _start_level(self, formula: int) -> int:
+        """The load level a climb starts at: MA's quick-mode concurrency formula; a request
+        rate has no such formula, so the middle of its levels."""
+        if self.load == "request_rate":
+            return len(self.levels) // 2
+        return min(range(len(self.levels)), key=lambda i: abs(self.levels[i] - formula))
 
     def _neighbours(self, s: State) -> list[State]:
         out = []
@@ -136,18 +143,18 @@ class QuickSearch(WalkStrategy):
     def _final_sweeps(self) -> Generator[SearchPoint, None, None]:
         if self.limits.sweep_disable:  # MA's concurrency_sweep_disable
             return
-        sweep = self.space.concurrency
+        sweep = self.sweep
         for params_json in self._chosen():
             seen: list[float] = []
             for level in self.levels:
-                trial = SearchPoint(params_json, "concurrency", level, self.batch)
+                trial = SearchPoint(params_json, self.load, level, self.batch)
                 outcome = yield from self._measure(trial)
                 if not outcome.ok:
                     break
                 seen.append(outcome.throughput)
                 if self.limits.early_exit and outcome.breaks_latency_limit:
                     break
-                if not self.limits.concurrency and sweep.plateaued(seen):
+                if not self.fixed_load and sweep.plateaued(seen):
                     break
 
 
