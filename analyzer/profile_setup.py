@@ -167,7 +167,7 @@ def search_strategy(
         own = [] if source.backend == ENSEMBLE else [(source.name, source)]
         axes = [Part(n, s.config.max_batch_size) for n, s in [*own, *parts.items()]]
         return ComposedQuickSearch(space, limits, axes, top_configs=c.num_configs_per_model)
-    if mode == "brute" or limits.manual or limits.search_disable:
+    if mode == "brute" or limits.search_disable:
         return BruteSearch(space, limits, top_configs=c.num_configs_per_model)
     if mode == "quick":
         return QuickSearch(space, limits, top_configs=c.num_configs_per_model)

@@ -581,3 +581,30 @@ def test_quick_and_optuna_search_request_rates(tmp_path):
                 assert {t.value for t in trials} <= {64, 256}
             else:
                 assert len({t.value for t in trials}) > 2
+
+
+def test_quick_and_optuna_search_the_values_model_config_parameters_lists(tmp_path):
+    """MA's optuna mode takes model_config_parameters' max_batch_size, instance_group count and
+    max_queue_delay_microseconds lists as its dimensions; quick climbs over them too (before,
+    both fell back to brute force without a word). Keys they cannot search are noted."""
+    from analyzer.search.optuna import OptunaSearch, OptunaSettings
+    from analyzer.search.quick import QuickSearch
+
+    manual = {"max_batch_size": [2, 6], "instance_group": [{"kind": "KIND_CPU", "count": [1, 3]}],
+              "dynamic_batching": {"max_queue_delay_microseconds": [50, 500]}}  # fmt: skip
+    limits = SearchLimits(own_max_batch_size=8, max_concurrency=64, manual=manual)
+    settings = OptunaSettings(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s", seed=1,
+                              min_trials=10, max_trials=12)  # fmt: skip
+    for search in (QuickSearch(load_search_space(), limits),
+                   OptunaSearch(load_search_space(), limits, settings)):  # fmt: skip
+        searched = [t.params for t in _walk(search, _synthetic) if t.params]
+        assert searched
+        assert {p["max_batch_size"] for p in searched} <= {2, 6}
+        assert {p["instance_count"] for p in searched} <= {1, 3}
+        assert {p["max_queue_delay_microseconds"] for p in searched} <= {50, 500}
+    (tmp_path / "c.yaml").write_text(
+        f"model_repository: {EXAMPLES}\nrun_config_search_mode: optuna\nprofile_models:\n"
+        "  add_sub:\n    model_config_parameters: {max_batch_size: [2, 4], "
+        "parameters: {x: {string_value: y}}}\n")  # fmt: skip
+    config = load_profile_config(["-f", str(tmp_path / "c.yaml")], cwd=tmp_path)
+    assert any("parameters only vary in brute mode" in note for note in config.notes)

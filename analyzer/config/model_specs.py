@@ -198,6 +198,11 @@ def _model_spec(
     mcp = params.get("model_config_parameters") or {}
     if not isinstance(mcp, dict):
         raise ProfileConfigError(f"{here}.model_config_parameters is {mcp!r}; expected a mapping")
+    others = [k for k in mcp if k not in ("max_batch_size", "instance_group", "dynamic_batching")]
+    if others and values["run_config_search_mode"] in ("quick", "optuna"):
+        notes.append(f"{here}.model_config_parameters: {', '.join(others)} only vary in brute "
+                     "mode; quick and optuna search the max_batch_size, instance_group count "
+                     "and max_queue_delay_microseconds values listed")  # fmt: skip
     if "weighting" in params:
         notes.append(f"profile_models.{name}.weighting has no effect here: it weights models "
                      "profiled concurrently, and models are profiled one after another")

@@ -125,12 +125,17 @@ class OptunaSearch(QuickSearch):
     def _suggest(self, trial: optuna.Trial) -> tuple[dict[str, Any], int]:
         limits = self.limits
         params: dict[str, Any] = {
-            "instance_count": trial.suggest_int("instance_count", self.counts[0], self.counts[-1])
+            "instance_count": trial.suggest_categorical("instance_count_listed", self.counts)
+            if self.listed_counts
+            else trial.suggest_int("instance_count", self.counts[0], self.counts[-1])
         }
         if limits.own_max_batch_size > 0:
-            low, high = math.log2(self.sizes[0]), math.log2(self.sizes[-1])
-            exponent = trial.suggest_int("max_batch_size_log2", int(low), int(high))
-            mbs = max(self.sizes[0], min(self.sizes[-1], 2**exponent))
+            if self.listed_sizes:  # model_config_parameters' values, as MA's optuna takes them
+                mbs = trial.suggest_categorical("max_batch_size_listed", self.sizes)
+            else:
+                low, high = math.log2(self.sizes[0]), math.log2(self.sizes[-1])
+                exponent = trial.suggest_int("max_batch_size_log2", int(low), int(high))
+                mbs = max(self.sizes[0], min(self.sizes[-1], 2**exponent))
             params["max_batch_size"] = mbs
             params["max_queue_delay_microseconds"] = (
                 trial.suggest_categorical("max_queue_delay_microseconds", self.delays)

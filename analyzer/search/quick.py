@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.search.base import Outcome, SearchLimits, SearchPoint, WalkStrategy
-from analyzer.search.space import SearchSpace, load_levels
+from analyzer.search.space import SearchSpace, load_levels, manual_axes
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class QuickSearch(WalkStrategy):
         self.sizes = space.max_batch_size.values(limits.min_model_batch_size,
                                                  limits.max_model_batch_size)  # fmt: skip
         self.delays = space.queue_delays_us
+        counts, sizes, delays = manual_axes(limits.manual)  # model_config_parameters' values
+        self.listed_counts, self.listed_sizes = counts is not None, sizes is not None
+        self.counts, self.sizes = counts or self.counts, sizes or self.sizes
+        self.delays = delays or self.delays
         # the load climbed: concurrency, or request rate (request_rate given, or its search)
         self.load, self.levels, sweep = load_levels(space, limits)
         self.fixed_load = sweep is None  # values the user gave: all measured in the sweeps

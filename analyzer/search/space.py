@@ -150,3 +150,27 @@ def load_levels(space: SearchSpace, limits: SearchLimits) -> tuple[str, list[int
         return "request_rate", sweep.values(limits.min_request_rate, limits.max_request_rate), sweep
     sweep = space.concurrency
     return "concurrency", sweep.values(limits.min_concurrency, limits.max_concurrency), sweep
+
+
+def manual_axes(manual: dict[str, Any]) -> tuple[list[int] | None, list[int] | None,
+                                                 list[int] | None]:  # fmt: skip
+    """The instance counts, max_batch_sizes and queue delays model_config_parameters lists (None
+    where it lists none): MA's optuna mode searches these values instead of the space's."""
+
+    def ints(value: Any) -> list[int] | None:
+        if value is None:
+            return None
+        items = value if isinstance(value, list) else [value]
+        return sorted({int(v) for v in items})
+
+    group = manual.get("instance_group")
+    first = group[0] if isinstance(group, list) and group else group
+    while isinstance(first, list) and first:  # MA's normalised form nests one more list
+        first = first[0]
+    counts = ints(first.get("count")) if isinstance(first, dict) else None
+    batching = manual.get("dynamic_batching")
+    if isinstance(batching, list) and batching:
+        batching = batching[0]
+    delays = ints(batching.get("max_queue_delay_microseconds")) \
+        if isinstance(batching, dict) else None  # fmt: skip
+    return counts, ints(manual.get("max_batch_size")), delays
