@@ -214,6 +214,7 @@ objectives: {perf_latency_p99: 10, perf_throughput: 5}
 constraints: {perf_latency_p99: {max: 100}}
 latency_budget: 200
 num_configs_per_model: 2
+perf_analyzer_flags: {max-trials: 7}
 profile_models:
   add_sub:
     parameters: {concurrency: [1, 2, 4], batch_sizes: [1, 2]}
@@ -252,7 +253,7 @@ def test_ma_and_we_read_ma_command_lines_and_files_alike(tmp_path):
     """Issue 15's item 7: MA 1.58's own parser and ours on the same command lines and the same
     YAML file: every key given, and each model's objectives, constraints (latency_budget and
     min_throughput over a model's own, as MA applies them), load parameters and perf_analyzer
-    flags, come out the same."""
+    flags (a model's own replacing the run's), come out the same."""
     import shlex
 
     from analyzer.config.profile_config import load_profile_config

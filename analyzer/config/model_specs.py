@@ -230,8 +230,9 @@ def _model_spec(
         constraints=_with_budgets(constraints(params["constraints"], here), values)
         if "constraints" in params else {k: dict(v) for k, v in values["constraints"].items()},
         model_config_parameters=mcp,
-        perf_analyzer_flags={**values["perf_analyzer_flags"],
-                             **perf_flags(params.get("perf_analyzer_flags"), here, notes)},
+        # a model's own perf_analyzer_flags replace the run's, as MA's parser does
+        perf_analyzer_flags=perf_flags(params["perf_analyzer_flags"], here, notes)
+        if params.get("perf_analyzer_flags") is not None else dict(values["perf_analyzer_flags"]),
         triton_server_flags=dict(params.get("triton_server_flags") or {}),
         triton_server_environment=environment(params.get("triton_server_environment"),
                                               f"{here}.triton_server_environment"),
