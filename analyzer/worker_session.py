@@ -96,13 +96,16 @@ class WorkerSession:
             docker_args.update(c.triton_docker_args or {})
             env = {k: os.path.expandvars(v) for k, v in env.items()}  # MA's $VAR lookups
             log = Path(c.triton_output_path or c.export / "logs" / "worker.log")
+            # MA's client_max_retries: readiness checks one second apart
+            startup = float(max(1, c.client_max_retries)) if c.client_max_retries is not None \
+                else c.server_startup_timeout  # fmt: skip
             if c.triton_launch_mode == "remote":
                 self.launcher = RemoteLauncher(c.triton_http_endpoint, c.triton_grpc_endpoint,
-                                               c.triton_metrics_url, c.server_startup_timeout)
+                                               c.triton_metrics_url, startup)
             elif c.triton_launch_mode == "docker":
                 self.launcher = DockerLauncher(
                     c.triton_docker_image, c.output_repository, Path(c.model_repository),
-                    log, flags, c.server_startup_timeout,
+                    log, flags, startup,
                     gpus=[] if c.cpu_only else c.gpus, mounts=c.triton_docker_mounts,
                     shm_size=c.triton_docker_shm_size, labels=c.triton_docker_labels,
                     run_args={"cpuset_cpus": self.placement.worker_list, **docker_args}
@@ -111,7 +114,7 @@ class WorkerSession:
             else:
                 self.launcher = LocalLauncher(
                     c.output_repository, log, flags,
-                    c.server_startup_timeout, cpus=self.placement.worker_list, gpus=c.gpus,
+                    startup, cpus=self.placement.worker_list, gpus=c.gpus,
                     environment=env,
                 )  # fmt: skip
         return self.launcher

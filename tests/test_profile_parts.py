@@ -75,13 +75,13 @@ def test_ma_flags_that_mean_nothing_here_are_accepted_with_a_note(tmp_path):
          "--skip-detailed-reports", "--triton-output-path", "LOG", "--perf-analyzer-path",
          "perf_analyzer", "-d", "30", "-r", "3", "--dcgm-disable=false"], cwd=tmp_path)  # fmt: skip
     said = " ".join(config.notes)
-    for key in ("collect_cpu_metrics", "perf_analyzer_path", "client_max_retries",
-                "dcgm_disable"):  # fmt: skip
+    for key in ("collect_cpu_metrics", "perf_analyzer_path", "dcgm_disable"):
         assert f"'{key}' has no effect here" in said, key
     assert "collect_cpu_metrics" not in config.values  # a note, never a setting
     assert config.skip_detailed_reports and not config.skip_summary_reports  # MA's meaning
     assert config.triton_output_path == str(tmp_path / "LOG")
     assert config.duration_seconds == 30  # MA's -d: the idle server's metrics, in seconds
+    assert config.client_max_retries == 3  # MA's -r: the worker's readiness checks
 
 
 def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):

@@ -27,7 +27,6 @@ IGNORED = {
     "triton_install_path": Ignored("the worker is model-analyzer serve"),
     "dcgm_disable": Ignored("GPUs are read through NVML", "bool"),
     "collect_cpu_metrics": Ignored("CPU metrics are always collected for a local worker", "bool"),
-    "client_max_retries": Ignored("requests are not retried", flags=("-r",)),
     "reload_model_disable": Ignored("variants are always loaded fresh", "bool"),
     "always_report_gpu_metrics": Ignored(
         "GPU metrics are reported whenever a GPU was sampled", "bool"

@@ -201,6 +201,10 @@ class Settings:
     client_processes: int = setting("int", 0, "Load-generator processes (0: grow when saturated).")
     server_startup_timeout: float = setting("float", 120.0,
         "Seconds to wait for the worker to start.")
+    client_max_retries: int | None = setting("int", None,
+        "Readiness checks of a starting worker, one a second (MA's): the worker's startup wait "
+        "in seconds, instead of server_startup_timeout. Requests are never retried.",
+        flags=("-r",))
     worker_cpus: str = setting("str", "",
         "CPUs of the local or docker worker (taskset -c syntax, e.g. 1 or 2-7; all: not pinned). "
         "Default on >= 2 cores: three quarters of the physical cores, the load generator on the "
