@@ -121,3 +121,31 @@ def test_poll_mode_follows_the_repository(tmp_path):
     finally:
         client.close()
         assert served.stop() == 0
+
+
+def test_several_model_repositories_as_tritonserver_takes_them(tmp_path):
+    """--model-repository given twice serves the models of both; a name in both is one clear
+    error naming the two folders, and the others still load."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(EXAMPLES / "add_sub", first / "add_sub")
+    shutil.copytree(EXAMPLES / "add_sub", second / "add2")
+    config = second / "add2" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"add_sub"', '"add2"'))
+    served = start_worker(first, "--model-repository", str(second))
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        assert client.is_model_ready("add_sub") and client.is_model_ready("add2")
+    finally:
+        client.close()
+        assert served.stop() == 0
+    shutil.copytree(EXAMPLES / "add_sub", second / "add_sub")
+    served = start_worker(first, "--model-repository", str(second), "--exit-on-error=false")
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        assert client.is_model_ready("add2") and not client.is_model_ready("add_sub")
+        said = "".join(served.output)
+        assert (f"model 'add_sub' is in more than one model repository: {first}, {second}"
+                in said)  # fmt: skip
+    finally:
+        client.close()
+        assert served.stop() == 0

@@ -34,7 +34,9 @@ class ControlMode(StrEnum):
 
 def serve(
     model_repository: Annotated[
-        Path, typer.Option("--model-repository", help="Triton model repository folder.")
+        list[Path], typer.Option("--model-repository",
+                                 help="Triton model repository folder (repeat for several, as "
+                                      "tritonserver's; a model name in two is an error).")
     ],
     host: Annotated[str, typer.Option("--host", "--http-address", help="Bind address.")] = (
         "127.0.0.1"
@@ -124,7 +126,7 @@ def serve(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     options = ServeOptions(
-        model_repository=str(model_repository),
+        model_repository=[str(r) for r in model_repository],
         host=host,
         http_port=http_port,
         grpc_port=grpc_port,

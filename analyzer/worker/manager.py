@@ -79,7 +79,9 @@ class ModelManager:
             raise ValueError(
                 f"--model-control-mode '{control_mode}' is not one of {', '.join(CONTROL_MODES)}"
             )
-        self.repository = Path(repository)
+        # Triton's --model-repository may be given more than once: every one is served
+        self.repositories = [Path(r) for r in
+                             (repository if isinstance(repository, list | tuple) else [repository])]
         self.control_mode = control_mode
         self.auto_complete = auto_complete  # off: --disable-auto-complete-config
         self._polled: dict[str, tuple] = {}  # poll mode: each model folder's files at last look
@@ -96,9 +98,9 @@ class ModelManager:
     # -- startup / shutdown -------------------------------------------------------------------
     def startup(self, load_models: list[str]) -> list[str]:
         """Load the models the control mode asks for; return one error line per failed model."""
-        names = list_models(self.repository)
+        names = self._names()
         if self.control_mode == "poll":
-            self._polled = _snapshot(self.repository)
+            self._polled = self._snapshot()
         if self.control_mode in ("none", "poll") or "*" in load_models:
             wanted = names
         else:
@@ -113,13 +115,32 @@ class ModelManager:
                 errors.append(f"failed to load '{name}': {err}")
         return errors
 
+    def _names(self) -> list[str]:
+        """Every model of every repository (a name in two repositories is listed once; loading
+        it is the error)."""
+        return sorted({name for r in self.repositories for name in list_models(r)})
+
+    def _repository_of(self, name: str) -> Path | None:
+        found = [r for r in self.repositories if (r / name).is_dir()]
+        if len(found) > 1:
+            raise RepositoryError(f"model '{name}' is in more than one model repository: "
+                                  + ", ".join(map(str, found)))  # fmt: skip
+        return found[0] if found else None
+
+    def _snapshot(self) -> dict[str, tuple]:
+        out: dict[str, tuple] = {}
+        for repository in self.repositories:
+            for name, files in _snapshot(repository).items():
+                out[name] = out.get(name, ()) + files
+        return out
+
     def poll(self) -> list[str]:
         """One pass of Triton's poll mode: a model folder added to the repository is loaded, one
         removed is unloaded, one whose files changed (a file added, removed, resized or touched)
         is loaded again -- the new versions serve before the old ones drain, and a failed reload
         keeps the old ones. Returns one line per failure."""
         try:
-            now = _snapshot(self.repository)
+            now = self._snapshot()
         except (RepositoryError, OSError) as err:
             return [f"repository poll: {err}"]
         before, self._polled = self._polled, now
@@ -195,7 +216,7 @@ class ModelManager:
         with self._lock:
             known = dict(self._models)
         try:
-            names = sorted(set(list_models(self.repository)) | set(known))
+            names = sorted(set(self._names()) | set(known))
         except RepositoryError:
             names = sorted(known)
         rows = []
@@ -272,8 +293,9 @@ class ModelManager:
         )
         if files and override is None:
             raise ConfigError("'file:' parameters need a 'config' parameter as well")
-        if not files and not (self.repository / name).is_dir():  # no lock for unknown names
-            raise RepositoryError(f"model '{name}' is not in repository '{self.repository}'")
+        if not files and self._repository_of(name) is None:  # no lock for unknown names
+            where = ", ".join(f"'{r}'" for r in self.repositories)
+            raise RepositoryError(f"model '{name}' is not in repository {where}")
         with self._name_lock(name):
             if self._closing:
                 raise InferError(f"model '{name}' not loaded: the worker is shutting down",
@@ -300,7 +322,9 @@ class ModelManager:
         self, name: str, temp_dir: str | None, override
     ) -> tuple[dict[int, Served], dict[int, Served]]:
         """Build the new versions while the old ones (if any) keep serving; (new, old)."""
-        repository = Path(temp_dir) if temp_dir else self.repository
+        repository = Path(temp_dir) if temp_dir else self._repository_of(name)
+        if repository is None:
+            raise RepositoryError(f"model '{name}' left the repository")
         with self._lock:
             entry = self._models.setdefault(name, ModelEntry(name))
             old = dict(entry.versions) if entry.state == "READY" else {}
@@ -370,7 +394,7 @@ class ModelManager:
         return built
 
     def _unload(self, name: str, missing_ok: bool = False) -> None:
-        if name not in self._models and not (self.repository / name).is_dir():
+        if name not in self._models and not any((r / name).is_dir() for r in self.repositories):
             if missing_ok:
                 return
             raise InferError(f"failed to unload '{name}': model not found", Status.NOT_FOUND)

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ServeOptions:
-    model_repository: str
+    model_repository: str | list[str]  # tritonserver's flag may be repeated
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
