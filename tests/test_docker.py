@@ -249,3 +249,35 @@ def test_an_image_that_is_not_ours_runs_as_triton_would(image, tmp_path):
     finally:
         launcher.stop()
     assert not _containers()
+
+
+def test_nvidia_ma_docker_mode_runs_our_image(image, tmp_path):
+    """NVIDIA's MA 1.58 in its docker mode: it runs `bash -c "tritonserver <flags>"` in our image
+    on a bridge network with its ports published, loads each variant with a config override and
+    measures it with perf_analyzer. Our worker binds loopback unless told, so the MA file says
+    `http-address: 0.0.0.0` in triton_server_flags (the container's own network); the variants
+    MA writes link to the model files, so the repository is mounted at its own path."""
+    from serving import free_port
+    from test_ma_peer import MODELS, ma_profile, repository
+
+    repo = repository(tmp_path)
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    rows = ma_profile(tmp_path, repo, {
+        "triton_launch_mode": "docker",
+        "triton_docker_image": image,
+        "triton_docker_mounts": [f"{repo}:{repo}:ro"],
+        "triton_docker_args": {"user": "0:0"},  # pytest's folders are root's, mode 0700
+        "triton_server_flags": {"http-address": "0.0.0.0"},
+        "triton_output_path": str(tmp_path / "server.log"),
+        "triton_http_endpoint": f"localhost:{http}",
+        "triton_grpc_endpoint": f"localhost:{grpc}",
+        "triton_metrics_url": f"http://localhost:{metrics}/metrics",
+        "run_config_search_disable": True,
+    })  # fmt: skip
+    for model in MODELS:
+        assert [row["Model Config Path"] for row in rows[model]] == [f"{model}_config_default"]
+        assert float(rows[model][0]["Throughput (infer/sec)"]) > 0
+    assert "model-analyzer serve ready" in (tmp_path / "server.log").read_text()
+    done = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={image}"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert not done.stdout.split()  # MA stopped its container
