@@ -149,3 +149,22 @@ def test_several_model_repositories_as_tritonserver_takes_them(tmp_path):
     finally:
         client.close()
         assert served.stop() == 0
+
+
+def test_tritonserver_log_flags(tmp_path):
+    """Triton's --log-file, --log-format=ISO8601 and --log-verbose: the load lines go to the file,
+    stamped in ISO 8601; --log-info=false keeps them out even when verbose."""
+    import re
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    for info, expect in (("true", True), ("false", False)):
+        log = tmp_path / f"log-{info}.txt"
+        served = start_worker(repo, "--log-verbose=1", f"--log-file={log}",
+                              "--log-format=ISO8601", f"--log-info={info}")  # fmt: skip
+        assert served.stop() == 0
+        text = log.read_text() if log.exists() else ""
+        loaded = re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ INFO .*loaded model 'add_sub'",
+                           text, re.M)  # fmt: skip
+        assert bool(loaded) is expect, text
+        assert not any("has no effect" in line for line in served.output)

@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import logging
 import sys
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -59,6 +60,15 @@ def serve(
         str, typer.Option(help="true: exit if a model fails to load at start.")
     ] = "true",
     log_verbose: Annotated[int, typer.Option(help="1: log loads and batches.")] = 0,
+    log_info: Annotated[str, typer.Option(help="false: no info lines (Triton's).")] = "true",
+    log_warning: Annotated[str, typer.Option(help="false: no warnings (Triton's).")] = "true",
+    log_error: Annotated[str, typer.Option(help="false: no error lines (Triton's).")] = "true",
+    log_format: Annotated[str, typer.Option(help="default or ISO8601 timestamps (Triton's).")] = (
+        "default"
+    ),
+    log_file: Annotated[
+        Path | None, typer.Option(help="Append the log to this file instead of stderr (Triton's).")
+    ] = None,
     disable_auto_complete_config: Annotated[
         str, typer.Option(help="true: a model's config is used as written; no backend fills "
                                "in what it lacks (Triton's).")
@@ -121,10 +131,7 @@ def serve(
 
     for note in triton_flags.notes(more):
         print(note, file=sys.stderr)
-    logging.basicConfig(
-        level=logging.INFO if log_verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _logging(log_verbose, log_info, log_warning, log_error, log_format, log_file)
     options = ServeOptions(
         model_repository=[str(r) for r in model_repository],
         host=host,
@@ -149,6 +156,25 @@ def serve(
                            or _switch("--strict-model-config", strict_model_config)),
     )
     raise typer.Exit(run_worker(options))
+
+
+def _logging(verbose: int, info: str, warning: str, error: str, form: str,
+             file: Path | None) -> None:  # fmt: skip
+    """Triton's log flags on Python's logging: the level is the lowest kind still on (info
+    lines only with --log-verbose, as before), the format's timestamps, the file."""
+    if form.lower() not in ("default", "iso8601"):
+        raise typer.BadParameter(f"--log-format must be default or ISO8601, got '{form}'")
+    on = [level for level, flag, value in (
+        (logging.INFO, "--log-info", info), (logging.WARNING, "--log-warning", warning),
+        (logging.ERROR, "--log-error", error)) if _switch(flag, value)]  # fmt: skip
+    level = logging.INFO if verbose and logging.INFO in on else \
+        min([lv for lv in on if lv > logging.INFO], default=logging.CRITICAL + 1)  # fmt: skip
+    datefmt = "%Y-%m-%dT%H:%M:%SZ" if form.lower() == "iso8601" else None
+    if datefmt:
+        logging.Formatter.converter = time.gmtime
+    target = {"filename": str(file)} if file is not None else {}
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt=datefmt, **target)  # fmt: skip
 
 
 def _positive(flag: str, value: float) -> float:

@@ -13,7 +13,7 @@ import typer
 # tritonserver's flags that serve does not have under the same name (serve's own are its
 # parameters); every one may be repeated, as several of Triton's are
 NO_EFFECT = """
-id log-info log-warning log-error log-format log-file model-store
+id model-store
 strict-readiness model-load-thread-count model-load-retry-count
 model-namespacing reuse-http-port http-header-forward-pattern http-thread-count grpc-address
 reuse-grpc-port grpc-header-forward-pattern grpc-infer-allocation-pool-size grpc-use-ssl
