@@ -235,6 +235,8 @@ MA_LINES = [  # MA command lines as its users type them
     "--optuna-max-trials 30 --use-concurrency-formula --concurrency-sweep-disable "
     "--min-percentage-of-search-space 3",
     "-f {yaml}",
+    "--profile-models add_sub --run-config-search-disable",
+    "--profile-models add_sub --run-config-search-disable --request-rate-search-enable",
 ]
 
 

@@ -112,6 +112,11 @@ def load_settings(cli: dict[str, Any], cwd: Path | None = None) -> ProfileConfig
             values[key] = str((cwd / os.path.expanduser(values[key])).resolve())
     if values["checkpoint_directory"] is None:
         values["checkpoint_directory"] = str(Path(values["export_path"]) / "checkpoints")
+    if values["run_config_search_disable"] and not values["concurrency"] \
+            and not values["request_rate"]:  # fmt: skip
+        # MA's: with the search off and no load given, one point at concurrency 1 (request
+        # rate 1 with request_rate_search_enable: search/space.load_levels), not a sweep
+        values["concurrency"] = [1]
     models = model_specs(
         raw.get("profile_models"), values, sources.get("profile_models", where), notes
     )

@@ -78,7 +78,8 @@ class Settings:
     run_config_search_mode: str = setting("choice", "brute",
         "Search strategy.", choices=("brute", "quick", "optuna"))
     run_config_search_disable: bool = setting("bool", False,
-        "Measure only the model's own config (and model_config_parameters, if given).")
+        "Measure only the model's own config (and model_config_parameters, if given); with no "
+        "concurrency or request_rate given, at load 1 only, as MA does.")
     run_config_search_min_concurrency: int = setting("int", 1, "Lowest concurrency swept.")
     run_config_search_max_concurrency: int = setting("int", 1024, "Highest concurrency swept.")
     run_config_search_min_request_rate: int = setting("int", 16, "Lowest request rate swept.")

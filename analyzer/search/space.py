@@ -143,6 +143,8 @@ def load_levels(space: SearchSpace, limits: SearchLimits) -> tuple[str, list[int
     the sweep that made them (None for values the user fixed, which are all measured)."""
     if limits.request_rate:
         return "request_rate", list(limits.request_rate), None
+    if limits.request_rate_search and limits.search_disable:
+        return "request_rate", [1], None  # MA's one point with the search off
     if limits.concurrency:
         return "concurrency", list(limits.concurrency), None
     if limits.request_rate_search:
