@@ -43,3 +43,20 @@ def test_perf_analyzer_streams_to_the_worker(examples_worker, tmp_path: Path):
     assert run.returncode == 0, run.stdout + run.stderr
     throughput = re.findall(r"Throughput: ([\d.]+) infer/sec", run.stdout)
     assert len(throughput) == 1 and float(throughput[0]) > 0, run.stdout
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_with_system_shared_memory(examples_worker, protocol, tmp_path: Path):
+    """`--shared-memory system`: perf_analyzer registers its regions, sends every input and asks
+    for every output through them, and unregisters them; the worker serves Triton's extension on
+    both protocols."""
+    url = examples_worker.http if protocol == "http" else examples_worker.grpc
+    cmd = [
+        str(PERF_ANALYZER), "-m", "add_sub", "-u", url, "-i", protocol, "--shared-memory",
+        "system", "--output-shared-memory-size", "64", "--concurrency-range", "2", "-p", "500",
+        "-s", "100", "-r", "30",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    throughput = re.findall(r"Throughput: ([\d.]+) infer/sec", run.stdout)
+    assert len(throughput) == 1 and float(throughput[0]) > 0, run.stdout

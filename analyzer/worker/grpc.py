@@ -27,6 +27,7 @@ from analyzer.worker.grpc_messages import (
     encode_outputs,
     load_params,
     param_value,
+    tensor_region,
 )
 from analyzer.worker.grpc_stream import answer_stream
 from analyzer.worker.http import server_metadata
@@ -36,6 +37,7 @@ from analyzer.worker.names import check_model_name
 from analyzer.worker.params import natural_param, sequence_flags, sequence_param
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
+from analyzer.worker.shm import SharedMemoryRegistry
 from analyzer.worker.validate import check_once
 
 
@@ -51,6 +53,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ):
         self.manager = manager
         self.api = api
+        # one registry for both protocols, as Triton's
+        self.shm = api.shm if api is not None else SharedMemoryRegistry()
         self.limits = limits or Limits()
         # serialized response heads by output layout (see encode_bytes); bounded
         self._heads: dict[tuple, bytes] = {}
@@ -152,6 +156,44 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
         )
 
+    # -- shared memory (Triton's extension; one registry with HTTP) -----------------------------
+    async def SystemSharedMemoryStatus(self, request, context):
+        await self._allow("shared-memory", context)
+        try:
+            rows = self.shm.status(request.name)
+        except InferError as err:
+            await context.abort(err.status.grpc, err.message)
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={row["name"]: status(**row) for row in rows})
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        await self._allow("shared-memory", context)
+        try:
+            self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        except InferError as err:
+            await context.abort(err.status.grpc, err.message)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        await self._allow("shared-memory", context)
+        self.shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        await self._allow("shared-memory", context)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        await self._allow("shared-memory", context)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "CUDA shared memory is not available: "
+                            "this worker has no CUDA support; use system shared memory")
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        await self._allow("shared-memory", context)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     async def RepositoryModelLoad(self, request, context):
         await self._allow("model-repository", context)
         await self._name(request.model_name, context)
@@ -200,7 +242,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         check_model_name(request.model_name)
         model = self.manager.get(request.model_name, request.model_version)
         try:
-            inputs, wire_types = decode_inputs(request)
+            inputs, wire_types = decode_inputs(request, self.shm)
         except InferError:
             raise
         except Exception as err:  # a malformed request must not reach the client as UNKNOWN
@@ -276,6 +318,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             requested = tuple(o.name for o in request.outputs)
         if request_id is None:
             request_id = request.id
+        if any(o.parameters for o in request.outputs):  # outputs into shared memory, maybe
+            regions = {o.name: r for o in request.outputs
+                       if (r := tensor_region(o, f"output '{o.name}'")) is not None}  # fmt: skip
+            return [encode_outputs(model, request_id, outputs, list(requested) or None,
+                                   regions, self.shm).SerializeToString()]  # fmt: skip
         key = (model.name, model.version, requested,
                *[(n, a.dtype, a.shape) for n, a in outputs.items()])  # fmt: skip
         head = self._heads.get(key)

@@ -40,6 +40,12 @@ UNARY_METHODS = {
         "RepositoryIndex": pb.RepositoryIndexRequest,
         "RepositoryModelLoad": pb.RepositoryModelLoadRequest,
         "RepositoryModelUnload": pb.RepositoryModelUnloadRequest,
+        "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest,
+        "SystemSharedMemoryRegister": pb.SystemSharedMemoryRegisterRequest,
+        "SystemSharedMemoryUnregister": pb.SystemSharedMemoryUnregisterRequest,
+        "CudaSharedMemoryStatus": pb.CudaSharedMemoryStatusRequest,
+        "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest,
+        "CudaSharedMemoryUnregister": pb.CudaSharedMemoryUnregisterRequest,
     }.items()
 }
 

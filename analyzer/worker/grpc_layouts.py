@@ -173,6 +173,8 @@ class Layouts:
         key = data[:start] if id_at < 0 else data[:id_at] + data[id_end:start]
         if key in self.layouts or len(request.raw_input_contents) != len(request.inputs):
             return
+        if any(o.parameters for o in request.outputs):  # shared memory: the general path's
+            return
         inputs, framing = [], []
         offset = 0  # from the first raw field
         for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):

@@ -21,6 +21,7 @@ from analyzer.datatypes import (
 )
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.params import show_value
+from analyzer.worker.shm import SharedMemoryRegistry, region_params
 
 # InferTensorContents field holding each datatype's values when raw contents are not used.
 _CONTENTS_FIELD = {
@@ -69,14 +70,27 @@ def stream_error(request_id: str, model_name: str, message: str) -> pb.ModelStre
     )
 
 
-def decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
+def tensor_region(tensor, what: str) -> tuple[str, int, int] | None:
+    """The shared memory region an input's or requested output's parameters name, if any."""
+    if not tensor.parameters:
+        return None
+    return region_params({k: param_value(v) for k, v in tensor.parameters.items()}, what)
+
+
+def decode_inputs(request: pb.ModelInferRequest,
+                  shm: SharedMemoryRegistry | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """Inputs from raw_input_contents (one per input not in shared memory), the typed contents,
+    or a copy of the shared memory region an input's parameters name."""
     if not request.inputs:
         raise InferError("inference request has no inputs")
+    regions = [tensor_region(t, f"input '{t.name}'") for t in request.inputs]
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InferError(f"{len(raw)} raw input contents for {len(request.inputs)} inputs")
+    plain = sum(r is None for r in regions)
+    if raw and len(raw) != plain:
+        raise InferError(f"{len(raw)} raw input contents for {plain} inputs")
     inputs: dict[str, np.ndarray] = {}
     wire_types: dict[str, str] = {}
+    next_raw = 0
     for i, tensor in enumerate(request.inputs):
         name, wire, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
         if name in inputs:
@@ -84,8 +98,15 @@ def decode_inputs(request: pb.ModelInferRequest) -> tuple[dict, dict]:
         try:
             dtype = wire_to_numpy(wire)
             count = shape_count(shape)
-            if raw:
-                array = tensor_from_bytes(memoryview(raw[i]), wire, shape, count)
+            region = regions[i]
+            if region is not None:
+                if shm is None:
+                    raise InferError("shared memory is not served here")
+                data = shm.read(*region)
+                array = tensor_from_bytes(memoryview(data), wire, shape, count)
+            elif raw:
+                array = tensor_from_bytes(memoryview(raw[next_raw]), wire, shape, count)
+                next_raw += 1
             else:
                 array = _from_contents(tensor, wire, dtype, shape, count)
         except ValueError as err:
@@ -112,7 +133,11 @@ def _from_contents(tensor, wire: str, dtype, shape: tuple[int, ...], count: int)
         raise ValueError(f"contents do not fit {wire}: {err}") from None
 
 
-def encode_outputs(model, request_id: str, outputs: dict, requested) -> pb.ModelInferResponse:
+def encode_outputs(model, request_id: str, outputs: dict, requested,
+                   regions: dict | None = None,
+                   shm: SharedMemoryRegistry | None = None) -> pb.ModelInferResponse:  # fmt: skip
+    """The response; an output with a shared memory region (`regions`, by name) is written there
+    and answered with an empty raw content (the others' indexes stay aligned)."""
     response = pb.ModelInferResponse(
         model_name=model.name, model_version=str(model.version), id=request_id
     )
@@ -122,6 +147,13 @@ def encode_outputs(model, request_id: str, outputs: dict, requested) -> pb.Model
                              Status.INTERNAL)  # fmt: skip
         array = outputs[name]
         wire = numpy_to_wire(array.dtype)
-        response.outputs.add(name=name, datatype=wire, shape=list(array.shape))
-        response.raw_output_contents.append(bytes(tensor_to_bytes(array, wire)))
+        entry = response.outputs.add(name=name, datatype=wire, shape=list(array.shape))
+        blob = bytes(tensor_to_bytes(array, wire))
+        region = (regions or {}).get(name)
+        if region is not None and shm is not None:
+            shm.write(region[0], region[1], blob, region[2])
+            entry.parameters["shared_memory_region"].string_param = region[0]
+            entry.parameters["shared_memory_byte_size"].int64_param = len(blob)
+            blob = b""
+        response.raw_output_contents.append(blob)
     return response

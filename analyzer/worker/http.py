@@ -22,6 +22,7 @@ from analyzer.worker.names import check_model_name
 from analyzer.worker.params import _object, _parse_json, show_value
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
+from analyzer.worker.shm import SharedMemoryRegistry
 from analyzer.worker.validate import check_once
 
 JSON_TYPE = "application/json"
@@ -48,6 +49,8 @@ def server_metadata(version: str) -> dict[str, Any]:
             "model_configuration",
             "statistics",
             "parameters",
+            "system_shared_memory",
+            "cuda_shared_memory",
         ],
     }
 
@@ -73,8 +76,10 @@ class RestApi:
         loop: asyncio.AbstractEventLoop,
         version: str,
         restrictions: Restrictions | None = None,
+        shm: SharedMemoryRegistry | None = None,
     ):
         self.manager = manager
+        self.shm = shm or SharedMemoryRegistry()
         self.restrictions = restrictions or Restrictions()
         self._rules = self.restrictions.rules  # per request: one dict lookup when unrestricted
         self.loop = loop
@@ -100,6 +105,9 @@ class RestApi:
             elif parts[1] == "repository":
                 self._allow("model-repository", request)
                 self._repository_route(request, parts, respond)
+            elif parts[1] in ("systemsharedmemory", "cudasharedmemory"):
+                self._allow("shared-memory", request)
+                respond(self._shm_route(request, parts))
             else:
                 raise InferError(f"no route for {request.method} {request.path}", Status.NOT_FOUND)
         except InferError as err:
@@ -184,12 +192,38 @@ class RestApi:
             return
         raise InferError(f"no route for {request.method} {request.path}", Status.NOT_FOUND)
 
+    # -- /v2/systemsharedmemory/..., /v2/cudasharedmemory/... ---------------------------------
+    def _shm_route(self, request: HttpRequest, parts: list[str]) -> HttpResponse:
+        """Triton's shared-memory extension: [region/<name>/]status (GET), region/<name>/register
+        and [region/<name>/]unregister (POST). CUDA regions need a GPU build: none here."""
+        system = parts[1] == "systemsharedmemory"
+        name = ""
+        rest = parts[2:]
+        if len(rest) == 3 and rest[0] == "region":
+            name, rest = unquote(rest[1]), rest[2:]
+        action = rest[0] if len(rest) == 1 else ""
+        if action == "status" and request.method == "GET":
+            return _json(self.shm.status(name) if system else [])
+        if action == "register" and name and request.method == "POST":
+            if not system:
+                raise InferError("CUDA shared memory is not available: this worker has no CUDA "
+                                 "support; use system shared memory", Status.UNSUPPORTED)
+            body = _object(_parse_json(request.body) if request.body else {}, "register body")
+            self.shm.register(name, body.get("key"), body.get("offset", 0),
+                              body.get("byte_size"))  # fmt: skip
+            return HttpResponse(200, [b"{}"])
+        if action == "unregister" and request.method == "POST":
+            if system:
+                self.shm.unregister(name)
+            return HttpResponse(200, [b"{}"])
+        raise InferError(f"no route for {request.method} {request.path}", Status.NOT_FOUND)
+
     # -- infer --------------------------------------------------------------------------------
     def _infer(self, http: HttpRequest, name: str, version: str, respond: Respond) -> None:
         model = self.manager.get(name, version)
         arrival = time.perf_counter_ns()
         plan, header, binary = self._plans.plan(http)
-        inputs, wire_types = _decode_inputs(plan, header, binary)
+        inputs, wire_types = _decode_inputs(plan, header, binary, self.shm)
         request_id = plan.request_id
         outputs_spec, binary_default, heads = plan.outputs, plan.binary_default, plan.heads
         loop = self.loop
@@ -201,7 +235,7 @@ class RestApi:
                 return
             try:
                 response = _encode_outputs(
-                    model, request_id, outputs, outputs_spec, binary_default, heads
+                    model, request_id, outputs, outputs_spec, binary_default, heads, self.shm
                 )
             except Exception as err:  # the model's fault, but the client still gets an answer
                 response = error_response(

@@ -33,6 +33,7 @@ from analyzer.worker.params import (
     sequence_param,
     show_value,
 )
+from analyzer.worker.shm import SharedMemoryRegistry, region_params
 
 HEADER_LENGTH = "inference-header-content-length"
 _BINARY_TYPE = "application/octet-stream"
@@ -50,6 +51,7 @@ def _outputs(spec: Any) -> list[dict] | None:
         params = _object(entry.get("parameters"), f"parameters of output '{entry['name']}'")
         if "binary_data" in params:
             flag_param(params, "binary_data")
+        region_params(params, f"output '{entry['name']}'")  # checked before the model runs
     return spec
 
 
@@ -61,6 +63,7 @@ class _InputPlan:
     count: int
     size: int | None  # binary_data_size; None: the values are the JSON 'data' of entry `index`
     index: int
+    region: tuple[str, int, int] | None = None  # (shared memory region, offset, byte size)
 
 
 @dataclass(slots=True)
@@ -147,6 +150,10 @@ def _make_plan(header: dict, keep: bool) -> _Plan:
             count = shape_count(shape)
         except ValueError as err:
             raise InferError(f"input '{name}': {err}") from None
+        region = region_params(params, f"input '{name}'")
+        if region is not None:
+            inputs.append(_InputPlan(name, wire, shape, count, None, index, region))
+            continue
         if size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InferError(
@@ -179,8 +186,10 @@ def _make_plan(header: dict, keep: bool) -> _Plan:
     )
 
 
-def _decode_inputs(plan: _Plan, header: dict | None, binary: memoryview) -> tuple[dict, dict]:
-    """The input arrays: views of the binary part, or converted JSON 'data' (header given)."""
+def _decode_inputs(plan: _Plan, header: dict | None, binary: memoryview,
+                   shm: SharedMemoryRegistry | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """The input arrays: views of the binary part, copies of a shared memory region, or
+    converted JSON 'data' (header given)."""
     inputs: dict[str, np.ndarray] = {}
     wire_types: dict[str, str] = {}
     offset = 0
@@ -188,7 +197,13 @@ def _decode_inputs(plan: _Plan, header: dict | None, binary: memoryview) -> tupl
     for p in plan.inputs:
         name, size = p.name, p.size
         try:
-            if size is not None:
+            if p.region is not None:
+                if shm is None:
+                    raise InferError("shared memory is not served here")
+                region, at, length = p.region
+                array = tensor_from_bytes(memoryview(shm.read(region, at, length)), p.wire,
+                                          p.shape, p.count)  # fmt: skip
+            elif size is not None:
                 if offset + size > available:
                     raise InferError(
                         f"unexpected end of binary data for input '{name}': needs {size} bytes, "
@@ -251,9 +266,11 @@ def _from_json_data(data, wire: str, shape: tuple[int, ...], count: int) -> np.n
 
 
 def _encode_outputs(
-    model, request_id, outputs: dict, spec, binary_default: bool, heads: dict | None = None
+    model, request_id, outputs: dict, spec, binary_default: bool, heads: dict | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> HttpResponse:
-    """The response; with `heads` (a kept plan's), an all-binary head is built once per layout."""
+    """The response; with `heads` (a kept plan's), an all-binary head is built once per layout.
+    An output whose parameters name a shared memory region is written there instead."""
     key = None
     if heads is not None:
         key = (model.name, model.version, *((n, a.dtype, a.shape) for n, a in outputs.items()))
@@ -273,6 +290,15 @@ def _encode_outputs(
         array = outputs[name]
         wire = numpy_to_wire(array.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": wire, "shape": list(array.shape)}
+        region = region_params(params, f"output '{name}'") if params else None
+        if region is not None:
+            if shm is None:
+                raise InferError("shared memory is not served here")
+            blob = tensor_to_bytes(array, wire)
+            shm.write(region[0], region[1], blob, region[2])
+            # no parameters: Triton's C++ client reads any it finds as binary data's
+            entries.append(entry)
+            continue
         if wire == "BF16":  # JSON has no bfloat16; its values are exact as float32
             array = array.astype(np.float32)
         if params.get("binary_data", binary_default):

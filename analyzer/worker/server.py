@@ -30,6 +30,7 @@ from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.memory import tune_malloc
 from analyzer.worker.metrics import MetricsServer, render_metrics
+from analyzer.worker.shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class Worker:
         self.api: RestApi | None = None
         self.ports: dict[str, int] = {}
         self._poller: asyncio.Task | None = None
+        # Triton's system shared-memory regions, one registry for both protocols
+        self.shm = SharedMemoryRegistry(max_read_bytes=options.limits.max_input_bytes)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -99,7 +102,8 @@ class Worker:
         if errors and opts.exit_on_error:
             await loop.run_in_executor(None, self.manager.shutdown)
             raise StartupError(f"{len(errors)} model(s) failed to load")
-        self.api = RestApi(self.manager, loop, __version__, restrictions=http_rules)
+        self.api = RestApi(self.manager, loop, __version__, restrictions=http_rules,
+                           shm=self.shm)
         try:
             if opts.allow_http:
                 await self._listen("http", self.api, opts.http_port)
@@ -159,6 +163,7 @@ class Worker:
             await self.grpc.stop()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.manager.shutdown)
+        self.shm.close()
         for server in self.servers:
             await server.wait_closed()
 

@@ -1,0 +1,122 @@
+"""Triton's system shared-memory extension on both protocols, driven by tritonclient's own
+shared-memory utilities: inputs read from a region, outputs written into one, the status and
+unregister calls; and what a hostile or careless client cannot do with it."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from serving import EXAMPLES, start_worker
+from tritonclient.utils import InferenceServerException
+
+
+@pytest.fixture
+def regions():
+    """An input region holding add_sub's two inputs and an empty output region."""
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    b = np.ones((1, 4), np.float32)
+    tag = uuid.uuid4().hex[:8]
+    keys = (f"/ma-test-in-{tag}", f"/ma-test-out-{tag}")
+    handles = [shm.create_shared_memory_region(f"r{i}", key, 32) for i, key in enumerate(keys)]
+    shm.set_shared_memory_region(handles[0], [a, b])
+    yield keys, handles, a, b
+    for handle in handles:
+        shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_inputs_and_outputs_through_shared_memory(examples_worker, regions, module):
+    keys, handles, a, b = regions
+    url = examples_worker.http if module is httpclient else examples_worker.grpc
+    client = module.InferenceServerClient(url)
+    try:
+        client.unregister_system_shared_memory()
+        client.register_system_shared_memory("in", keys[0], 32)
+        client.register_system_shared_memory("out", keys[1], 32)
+        status = client.get_system_shared_memory_status()
+        names = {r["name"] for r in status} if module is httpclient else set(status.regions)
+        assert names == {"in", "out"}
+        inputs = [module.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+        inputs[0].set_shared_memory("in", 16)
+        inputs[1].set_shared_memory("in", 16, offset=16)
+        outputs = [module.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+        outputs[0].set_shared_memory("out", 16)
+        outputs[1].set_shared_memory("out", 16, offset=16)
+        result = client.infer("add_sub", inputs, outputs=outputs)
+        assert result.get_output("OUTPUT0") is not None
+        got = [shm.get_contents_as_numpy(handles[1], np.float32, [1, 4], offset=o)
+               for o in (0, 16)]  # fmt: skip
+        np.testing.assert_array_equal(got[0], a + b)
+        np.testing.assert_array_equal(got[1], a - b)
+        # too small for the output: a clear error, nothing written past the region
+        small = module.InferRequestedOutput("OUTPUT0")
+        small.set_shared_memory("out", 8)
+        with pytest.raises(InferenceServerException, match="its shared memory region 'out' was "
+                                                          "given 8"):  # fmt: skip
+            client.infer("add_sub", inputs, outputs=[small])
+        client.unregister_system_shared_memory("in")
+        with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
+            client.infer("add_sub", inputs, outputs=outputs)
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+
+
+def test_what_a_client_cannot_register(examples_worker, regions):
+    keys, _, _, _ = regions
+    client = httpclient.InferenceServerClient(examples_worker.http)
+    try:
+        for key, needle in (("/../etc/passwd", "must name one object under /dev/shm"),
+                            ("a/b", "must name one object under /dev/shm"),
+                            ("/no-such-region-here", "Unable to open shared memory region")):
+            with pytest.raises(InferenceServerException, match=needle):
+                client.register_system_shared_memory("x", key, 16)
+        with pytest.raises(InferenceServerException, match="does not fit"):
+            client.register_system_shared_memory("x", keys[0], 64)  # the object has 32 bytes
+        client.register_system_shared_memory("x", keys[0], 32)
+        with pytest.raises(InferenceServerException, match="already in manager"):
+            client.register_system_shared_memory("x", keys[0], 32)
+        with pytest.raises(InferenceServerException, match="no CUDA support"):
+            client.register_cuda_shared_memory("c", b"handle", 0, 16)
+        assert client.get_cuda_shared_memory_status() == []
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+
+
+def test_the_shared_memory_api_can_be_restricted(tmp_path, regions):
+    keys, _, _, _ = regions
+    served = start_worker(EXAMPLES, "--http-restricted-api", "shared-memory:token=s3cret")
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        with pytest.raises(InferenceServerException) as refused:
+            client.register_system_shared_memory("x", keys[0], 32)
+        assert refused.value.status() == "403"
+        client.register_system_shared_memory("x", keys[0], 32, headers={"token": "s3cret"})
+    finally:
+        client.close()
+        assert served.stop() == 0
+
+
+def test_an_input_in_shared_memory_is_capped_as_a_request_body_is(regions):
+    """A region is the client's to size: one input copied out of it may not exceed the worker's
+    input limit (--http-max-input-size, the cap an HTTP body has), on gRPC too."""
+    keys, _, _, _ = regions
+    served = start_worker(EXAMPLES, "--http-max-input-size", "24")
+    client = grpcclient.InferenceServerClient(served.grpc)
+    try:
+        client.register_system_shared_memory("in", keys[0], 32)
+        big = grpcclient.InferInput("INPUT0", [1, 8], "FP32")
+        big.set_shared_memory("in", 32)
+        small = grpcclient.InferInput("INPUT1", [1, 4], "FP32")
+        small.set_shared_memory("in", 16)
+        with pytest.raises(InferenceServerException, match="over the worker's input limit of 24"):
+            client.infer("add_sub", [big, small])
+    finally:
+        client.close()
+        assert served.stop() == 0
