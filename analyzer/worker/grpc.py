@@ -314,15 +314,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         and each answer appends its id (`request_id`, else the request's) and raw_output_contents
         fields to it (protobuf merges concatenated fields, in any order).
         """
-        if requested is None:
-            requested = tuple(o.name for o in request.outputs)
         if request_id is None:
             request_id = request.id
-        if any(o.parameters for o in request.outputs):  # outputs into shared memory, maybe
-            regions = {o.name: r for o in request.outputs
-                       if (r := tensor_region(o, f"output '{o.name}'")) is not None}  # fmt: skip
-            return [encode_outputs(model, request_id, outputs, list(requested) or None,
-                                   regions, self.shm).SerializeToString()]  # fmt: skip
+        if requested is None:  # the general path (a kept layout never has output parameters)
+            requested = tuple(o.name for o in request.outputs)
+            if any(o.parameters for o in request.outputs):  # outputs into shared memory, maybe
+                regions = {o.name: r for o in request.outputs
+                           if (r := tensor_region(o, f"output '{o.name}'"))}  # fmt: skip
+                return [encode_outputs(model, request_id, outputs, list(requested) or None,
+                                       regions, self.shm).SerializeToString()]  # fmt: skip
         key = (model.name, model.version, requested,
                *[(n, a.dtype, a.shape) for n, a in outputs.items()])  # fmt: skip
         head = self._heads.get(key)
