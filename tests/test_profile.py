@@ -472,7 +472,7 @@ def test_an_ma_config_with_tritonserver_flags_runs_with_notes(tmp_path):
     assert results(tmp_path / "EXP")["models"][0]["configs"][0]["measurements"]
     assert not (tmp_path / "EXP" / "logs" / "worker.log").exists()
     log = (tmp_path / "LOG").read_text()  # --triton-output-path, as MA
-    assert "note: --strict-model-config has no effect here" in log
+    assert "--strict-model-config has no effect" not in log  # honoured: auto-complete stays on
     assert "note: --backend-config has no effect here" in log
     reports = (tmp_path / "PA").read_text()  # MA's perf_output: each point, as PA words it
     assert "*** envcheck_config_default: concurrency 1, batch size 1 ***" in reports
