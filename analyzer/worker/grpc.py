@@ -37,7 +37,7 @@ from analyzer.worker.names import check_model_name
 from analyzer.worker.params import natural_param, sequence_flags, sequence_param
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
-from analyzer.worker.shm import SharedMemoryRegistry
+from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry
 from analyzer.worker.validate import check_once
 
 
@@ -186,8 +186,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def CudaSharedMemoryRegister(self, request, context):
         await self._allow("shared-memory", context)
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "CUDA shared memory is not available: "
-                            "this worker has no CUDA support; use system shared memory")
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, CUDA_UNAVAILABLE)
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request, context):

@@ -22,7 +22,7 @@ from analyzer.worker.names import check_model_name
 from analyzer.worker.params import _object, _parse_json, show_value
 from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
-from analyzer.worker.shm import SharedMemoryRegistry
+from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry
 from analyzer.worker.validate import check_once
 
 JSON_TYPE = "application/json"
@@ -206,8 +206,7 @@ class RestApi:
             return _json(self.shm.status(name) if system else [])
         if action == "register" and name and request.method == "POST":
             if not system:
-                raise InferError("CUDA shared memory is not available: this worker has no CUDA "
-                                 "support; use system shared memory", Status.UNSUPPORTED)
+                raise InferError(CUDA_UNAVAILABLE, Status.UNSUPPORTED)
             body = _object(_parse_json(request.body) if request.body else {}, "register body")
             self.shm.register(name, body.get("key"), body.get("offset", 0),
                               body.get("byte_size"))  # fmt: skip

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from analyzer.worker.errors import InferError, Status
 
 SHM_DIR = "/dev/shm"
+CUDA_UNAVAILABLE = ("CUDA shared memory is not available: this worker has no CUDA support; use "
+                    "system shared memory")
 MAX_REGIONS = 256
 MAX_NAME = 256
 
