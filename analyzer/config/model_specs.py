@@ -227,7 +227,7 @@ def _model_spec(
         request_rate=listed("request_rate"),
         objectives=objectives(params["objectives"], here) if "objectives" in params
         else dict(values["objectives"]),
-        constraints=_with_budgets(constraints(params["constraints"], here), values)
+        constraints=with_budgets(constraints(params["constraints"], here), values)
         if "constraints" in params else {k: dict(v) for k, v in values["constraints"].items()},
         model_config_parameters=mcp,
         # a model's own perf_analyzer_flags replace the run's, as MA's parser does
@@ -240,10 +240,10 @@ def _model_spec(
     )  # fmt: skip
 
 
-def _with_budgets(own: dict[str, dict[str, float]],
+def with_budgets(own: dict[str, dict[str, float]],
                   values: dict[str, Any]) -> dict[str, dict[str, float]]:  # fmt: skip
-    """MA applies latency_budget and min_throughput to every model, over a model's own
-    constraints too."""
+    """latency_budget and min_throughput as constraints in `own`: the run's, and every model's
+    own too, as MA applies them."""
     if values["latency_budget"] is not None:
         own.setdefault("perf_latency_p99", {})["max"] = float(values["latency_budget"])
     if values["min_throughput"] is not None:

@@ -28,6 +28,7 @@ from analyzer.config.model_specs import (
     model_specs,
     objectives,
     perf_flags,
+    with_budgets,
 )
 from analyzer.config.settings import Settings
 from analyzer.config.values import BY_NAME, FIELDS, ProfileConfigError, convert
@@ -173,10 +174,7 @@ def _objects(values: dict[str, Any], sources: dict[str, str], notes: list[str]) 
     values["triton_server_environment"] = environment(
         values["triton_server_environment"] or None,
         sources.get("triton_server_environment", "defaults") + ": triton_server_environment")
-    if values["latency_budget"] is not None:
-        values["constraints"].setdefault("perf_latency_p99", {})["max"] = values["latency_budget"]
-    if values["min_throughput"] is not None:
-        values["constraints"].setdefault("perf_throughput", {})["min"] = values["min_throughput"]
+    values["constraints"] = with_budgets(values["constraints"], values)
 
 
 def storage_from_environment() -> str | None:

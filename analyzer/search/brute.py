@@ -112,6 +112,7 @@ class BruteSearch(WalkStrategy):
         that breaks a latency limit."""
         load, values, sweep = load_levels(self.space, self.limits)
         early = self.limits.early_exit
+        plateau = sweep is not None or early  # fixed values stop on it only with early exit
         rule = sweep or (self.space.request_rate if load == "request_rate"
                          else self.space.concurrency)  # fmt: skip
         best = 0.0
@@ -132,10 +133,10 @@ class BruteSearch(WalkStrategy):
                 best = max(best, outcome.throughput)
                 if early and outcome.breaks_latency_limit:
                     break
-                if (sweep is not None or early) and rule.plateaued(seen):
+                if plateau and rule.plateaued(seen):
                     break
             by_batch.append(max(seen))
-            if (sweep is not None or early) and rule.plateaued(by_batch):
+            if plateau and rule.plateaued(by_batch):
                 break  # MA: no larger client batch once throughput stops growing with it
         return best
 
