@@ -89,7 +89,9 @@ def start_worker(
         text=True,
         cwd=source_tree or ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1",
-             **({"PYTHONPATH": str(source_tree)} if source_tree else {})},
+             **({"PYTHONPATH": os.pathsep.join(
+                 p for p in (str(source_tree), os.environ.get("PYTHONPATH")) if p)}
+                if source_tree else {})},
     )
     served = Served(process, {})
     ready = threading.Event()
