@@ -7,6 +7,7 @@ Each is a function of the settings (and of the model being profiled); the loop i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from analyzer.launch.cpus import CpuListError, Placement, plan_placement
 from analyzer.loadgen.inputs import parse_shapes
 from analyzer.loadgen.measure import MeasureSettings
 from analyzer.loadgen.perf import PerfOptions
+from analyzer.loadgen.sequences import SequenceOptions, parse_id_range
 from analyzer.metrics import DIRECTIONS
 from analyzer.repository.repository import ENSEMBLE, ModelSource
 from analyzer.results.checkpoint import Checkpoint
@@ -113,6 +115,12 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
         min_window_ms=min(1000, window),
     )
     shapes = flags.get("shape") or c.shape or []
+    id_start, id_end = parse_id_range(str(flags.get("sequence-id-range", "1")))
+    sequence = SequenceOptions(
+        length=int(flags.get("sequence-length", 20)), id_start=id_start, id_end=id_end,
+        count=int(flags.get("num-of-sequences", 4)),
+    )  # fmt: skip
+    sequence.check(0)
     options = PerfOptions(
         model=spec.name,
         protocol=str(flags.get("protocol", c.client_protocol)),
@@ -122,6 +130,7 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
         string_length=int(flags.get("string-length", 128)),
         settings=settings,
         seed=c.seed,
+        sequence=sequence,
     )
     return settings, options
 
@@ -161,6 +170,8 @@ def search_strategy(
     c = config
     limits = search_limits(c, spec, source)
     mode = c.run_config_search_mode
+    if source.config.HasField("sequence_batching"):  # no dynamic batcher beside it (as MA)
+        space = dataclasses.replace(space, queue_delays_us=space.queue_delays_us[:1])
     if parts is not None and not limits.search_disable:
         # an ensemble's own max_batch_size follows its composing variants' (composed_variant);
         # a BLS model has knobs of its own too

@@ -12,11 +12,13 @@ and measures only what is missing (no worker is even started when nothing is).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
 from analyzer.config.model_config import ModelConfig, format_model_config
 from analyzer.config.profile_config import ProfileConfig
+from analyzer.errors import AnalyzerError
 from analyzer.final_comparison import LoadLevels, calibrate_default, run_final_comparison
 from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
 from analyzer.launch.cpus import pinned
@@ -144,12 +146,6 @@ class Profiler:
                 model.error = str(err)
                 self.listener("model_failed", {"model": spec.name, "error": model.error})
                 continue
-            if source.config.HasField("sequence_batching"):
-                model.error = (f"model '{spec.name}' uses sequence_batching: the load generator "
-                               "does not send sequences (correlation ids, START/END) yet; "
-                               "measure it with perf_analyzer --sequence-length")  # fmt: skip
-                self.listener("model_failed", {"model": spec.name, "error": model.error})
-                continue
             bls = bool(self.config.bls_composing_models)
             if (source.backend == ENSEMBLE or bls) and not self._read_parts(model, source, bls):
                 continue
@@ -193,7 +189,7 @@ class Profiler:
         cpu_only = spec.cpu_only or not use_gpu
         try:
             settings, options = measure_options(self.config, spec)
-        except (InputError, ValueError) as err:
+        except (AnalyzerError, ValueError) as err:  # InputError among them
             model.error = f"model '{spec.name}': {err}"
             self.listener("model_failed", {"model": spec.name, "error": model.error})
             return
@@ -204,6 +200,8 @@ class Profiler:
                        options.string_length, settings.mode, settings.window_ms,
                        settings.request_count, settings.stability_pct, settings.max_trials,
                        settings.percentile, spec.batch_sizes]  # fmt: skip
+        if source.config.HasField("sequence_batching"):  # how its sequences are sent
+            fingerprint.append(list(dataclasses.astuple(options.sequence)))
         # Unloading frees a variant's instances, but allocators keep some memory (torch's CUDA
         # cache, glibc arenas): when memory is ranked on, each variant gets a fresh worker.
         self.session.fresh_worker_per_variant = bool(

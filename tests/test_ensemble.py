@@ -795,18 +795,3 @@ def test_bls_exec_decoupled_iterates_over_a_decoupled_models_responses(decoupled
         summary = client.infer("fan_in", [tensor]).as_numpy("SUMMARY").tolist()
     # both ways: the four values, four responses with outputs, then the final flag alone
     assert summary == [10, 4, 1, 10, 4, 1]
-
-
-def test_profiling_a_sequence_model_says_what_to_use_instead(tmp_path: Path):
-    repo = tmp_path / "repo"
-    _python_model(repo, "accumulate", ACCUMULATE,
-                  SEQUENCE_CONFIG.replace("STRATEGY", "direct { }"))
-    run = subprocess.run(
-        [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(repo),
-         "--profile-models", "accumulate", "--output-model-repository-path", "OUT",
-         "--export-path", "EXP"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert run.returncode == 1, run.stdout + run.stderr
-    text = " ".join((run.stdout + run.stderr).split())
-    assert "uses sequence_batching: the load generator does not send sequences" in text

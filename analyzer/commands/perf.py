@@ -94,6 +94,21 @@ def perf(
     ] = None,
     monitor_interval_ms: Annotated[int, typer.Option(help="Sampler interval, ms.")] = 100,
     seed: Annotated[int, typer.Option(help="Seed for random data and poisson schedules.")] = 0,
+    sequence_length: Annotated[
+        int, typer.Option(help="Requests per sequence (sequence_batching models).")
+    ] = 20,
+    sequence_length_variation: Annotated[
+        float, typer.Option(help="Each sequence's length varies by up to this %.")
+    ] = 20.0,
+    sequence_id_range: Annotated[
+        str, typer.Option(help="start[:end] correlation ids (end excluded; none: no end).")
+    ] = "1",
+    num_of_sequences: Annotated[
+        int, typer.Option(help="Live sequences in request-rate mode.")
+    ] = 4,
+    serial_sequences: Annotated[
+        bool, typer.Option(help="At most one request in flight per sequence (request rate).")
+    ] = False,
 ) -> None:
     """Measure throughput and latency of a model on a running server (perf_analyzer's flags).
     \f
@@ -101,6 +116,7 @@ def perf(
     from analyzer.loadgen.inputs import parse_shapes
     from analyzer.loadgen.measure import MeasureSettings
     from analyzer.loadgen.perf import PerfOptions, parse_range
+    from analyzer.loadgen.sequences import SequenceOptions, parse_id_range
 
     err = make_console(stderr=True)
     rates = bool(request_rate_range)
@@ -116,6 +132,10 @@ def perf(
             max_trials=max_trials, percentile=percentile, warmup_ms=max(0, warmup_ms),
             min_window_ms=max(100, min_window_ms),
         )  # fmt: skip
+        id_start, id_end = parse_id_range(sequence_id_range)
+        sequence = SequenceOptions(sequence_length, sequence_length_variation, id_start, id_end,
+                                   num_of_sequences, serial_sequences)  # fmt: skip
+        sequence.check(0)
         options = PerfOptions(
             model=model, url=url or _DEFAULT_URL[protocol], protocol=protocol.value,
             version=model_version,
@@ -127,7 +147,7 @@ def perf(
             input_data=input_data, shapes=parse_shapes(shape or []), string_length=string_length,
             settings=settings, latency_threshold_ms=latency_threshold,
             client_processes=client_processes, server_pid=server_pid, gpus=list(gpus or []),
-            monitor_interval_s=monitor_interval_ms / 1000.0, seed=seed,
+            monitor_interval_s=monitor_interval_ms / 1000.0, seed=seed, sequence=sequence,
         )  # fmt: skip
     except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)

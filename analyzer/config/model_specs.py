@@ -20,7 +20,7 @@ _PARAMETER_KEYS = {"batch_sizes", "concurrency", "request_rate"}
 PERF_FLAGS = {
     "shape", "input-data", "measurement-mode", "measurement-interval", "measurement-request-count",
     "stability-percentage", "max-trials", "percentile", "request-distribution", "string-length",
-    "protocol", "batch-size",
+    "protocol", "batch-size", "num-of-sequences", "sequence-length", "sequence-id-range",
 }  # fmt: skip
 
 
@@ -110,9 +110,6 @@ PERF_FLAG_NOTES = {
     "model-signature-name": "the worker is served over Triton's protocols (service kind triton)",
     "triton-server-directory": "the worker is served over Triton's protocols (no C API)",
     "model-repository": "the worker is served over Triton's protocols (no C API)",
-    "num-of-sequences": "sequence models are not driven by the built-in load generator yet",
-    "sequence-length": "sequence models are not driven by the built-in load generator yet",
-    "sequence-id-range": "sequence models are not driven by the built-in load generator yet",
     "shared-memory": "tensors travel in the requests (the load generator does not use shared "
                      "memory yet)",
     "output-shared-memory-size": "tensors travel in the requests (the load generator does not use "

@@ -18,6 +18,7 @@ import numpy as np
 
 from analyzer.loadgen.control import ServerError, split_url
 from analyzer.loadgen.records import Records, recv_message, send_message
+from analyzer.loadgen.sequences import SequenceOptions
 from analyzer.loadgen.shard import ShardConfig
 
 _SLOTS_PER_SHARD = 1 << 32  # slot ids of shard k start at k << 32: unique once merged
@@ -51,15 +52,20 @@ class LoadClient:
         self,
         protocol: str,
         url: str,
-        payloads: list[bytes],
+        payloads: list,
         processes: int = 1,
         seed: int = 0,
+        sequence: SequenceOptions | None = None,
     ) -> None:
         self.protocol = protocol
         self.url = url
         self.payloads = payloads
         self.processes = max(1, processes)
         self.seed = seed
+        self.sequence = sequence
+        # shard k draws sequence ids k, k + stride, ...: the most shards this client may grow to
+        # (one per core of the machine at most)
+        self.stride = max(self.processes, os.cpu_count() or 1)
         self.shards: list[ShardState] = []
 
     def __enter__(self) -> LoadClient:
@@ -73,10 +79,7 @@ class LoadClient:
         host, port = split_url(self.url, 8001 if self.protocol == "grpc" else 8000)
         try:
             for index in range(self.processes):
-                config = ShardConfig(
-                    self.protocol, host, port, self.payloads, seed=self.seed + 7919 * index
-                )
-                self.shards.append(self._spawn(config))
+                self.shards.append(self._spawn(self._config(host, port, index)))
             for shard in self.shards:
                 reply = recv_message(shard.sock)
                 if reply[0] != "ready":
@@ -84,6 +87,10 @@ class LoadClient:
         except BaseException:
             self.close()
             raise
+
+    def _config(self, host: str, port: int, index: int) -> ShardConfig:
+        return ShardConfig(self.protocol, host, port, self.payloads, seed=self.seed + 7919 * index,
+                           sequence=self.sequence, index=index, stride=self.stride)  # fmt: skip
 
     @staticmethod
     def _spawn(config: ShardConfig) -> ShardState:
@@ -102,9 +109,7 @@ class LoadClient:
     def add_process(self) -> None:
         """Grow by one shard (called between measurements, when one client process saturated)."""
         host, port = split_url(self.url, 8001 if self.protocol == "grpc" else 8000)
-        seed = self.seed + 7919 * len(self.shards)
-        config = ShardConfig(self.protocol, host, port, self.payloads, seed=seed)
-        shard = self._spawn(config)
+        shard = self._spawn(self._config(host, port, len(self.shards)))
         reply = recv_message(shard.sock)
         if reply[0] != "ready":
             raise ServerError(f"load generator: {reply[1]}")
@@ -113,21 +118,29 @@ class LoadClient:
 
     # ---- load ---------------------------------------------------------------------------------
     def set_concurrency(self, n: int) -> Drained:
+        if self.sequence is not None:  # one live sequence per concurrency slot
+            self.sequence.check(n, self.stride)
         k = len(self.shards)
         shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
         return self._command([("concurrency", share) for share in shares])
 
     def set_rate(self, rate: float, distribution: str = "constant") -> Drained:
         k = len(self.shards)
-        return self._command([("rate", rate / k, distribution, i / k) for i in range(k)])
+        count = self.sequence.count if self.sequence else k  # live sequences, split (>= 1 each)
+        if self.sequence is not None:
+            self.sequence.check(max(count, k), self.stride)
+        shares = [max(1, count // k + (1 if i < count % k else 0)) for i in range(k)]
+        return self._command(
+            [("rate", rate / k, distribution, i / k, shares[i]) for i in range(k)]
+        )
 
     def set_idle(self) -> Drained:
         return self._command([("idle",)] * len(self.shards))
 
-    def set_payloads(self, payloads: list[bytes]) -> Drained:
+    def set_payloads(self, payloads: list, sequence: SequenceOptions | None = None) -> Drained:
         """Idle the load and send other requests from now on (the next model or variant)."""
-        self.payloads = payloads
-        return self._command([("payloads", payloads)] * len(self.shards))
+        self.payloads, self.sequence = payloads, sequence
+        return self._command([("payloads", payloads, sequence)] * len(self.shards))
 
     def quiesce(self, timeout_s: float = 30.0) -> None:
         """Stop sending and wait for every outstanding request to finish (before an unload)."""

@@ -173,8 +173,8 @@ def _load_json_steps(path: Path, io: ModelIO, shapes) -> list[dict[str, np.ndarr
         raise InputError(f"--input-data {path}: expected {{\"data\": [ {{input: values}}, ... ]}}")
     if isinstance(steps[0], list):
         raise InputError(
-            f"--input-data {path}: sequence streams (a list of lists) need sequence batching, "
-            "which this load generator does not drive"
+            f"--input-data {path}: sequence streams (a list of lists) are not read yet; give "
+            "one list of steps (a sequence model's requests cycle through them)"
         )
     out = []
     for index, step in enumerate(steps):

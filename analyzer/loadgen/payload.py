@@ -14,6 +14,7 @@ import numpy as np
 
 from analyzer.datatypes import tensor_to_bytes
 from analyzer.loadgen.grpc_call import grpc_message
+from analyzer.loadgen.sequences import GrpcSequenceTemplate, HttpSequenceTemplate
 
 
 def http_infer_path(model: str, version: str = "") -> str:
@@ -21,10 +22,10 @@ def http_infer_path(model: str, version: str = "") -> str:
     return f"{base}/versions/{version}/infer" if version else f"{base}/infer"
 
 
-def http_request(
-    host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
-) -> bytes:
-    """One complete HTTP/1.1 POST, headers and body, ready to write to a socket."""
+def _http_inputs(
+    tensors: dict[str, np.ndarray], datatypes: dict[str, str]
+) -> tuple[list[dict], bytes]:
+    """The JSON header's inputs (binary tensor extension) and the tensors' bytes after it."""
     blobs: list[bytes] = []
     inputs = []
     for name, array in tensors.items():
@@ -38,31 +39,90 @@ def http_request(
                 "parameters": {"binary_data_size": len(blob)},
             }
         )
-    header = json.dumps(
-        {"inputs": inputs, "parameters": {"binary_data_output": True}}, separators=(",", ":")
-    ).encode()
-    body = header + b"".join(blobs)
-    head = (
+    return inputs, b"".join(blobs)
+
+
+def _http_head(host: str, model: str, version: str) -> str:
+    return (
         f"POST {http_infer_path(model, version)} HTTP/1.1\r\n"
         f"Host: {host}\r\n"
         "Content-Type: application/octet-stream\r\n"
+    )
+
+
+def http_request(
+    host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
+) -> bytes:
+    """One complete HTTP/1.1 POST, headers and body, ready to write to a socket."""
+    inputs, blobs = _http_inputs(tensors, datatypes)
+    header = json.dumps(
+        {"inputs": inputs, "parameters": {"binary_data_output": True}}, separators=(",", ":")
+    ).encode()
+    body = header + blobs
+    head = (
+        f"{_http_head(host, model, version)}"
         f"Inference-Header-Content-Length: {len(header)}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     return head + body
 
 
-def grpc_request(
+def http_sequence_template(
+    host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
+) -> HttpSequenceTemplate:
+    """`http_request` as a template whose sequence id and START/END flags are filled per step."""
+    inputs, blobs = _http_inputs(tensors, datatypes)
+    json_head = (
+        b'{"inputs":' + json.dumps(inputs, separators=(",", ":")).encode()
+        + b',"parameters":{"binary_data_output":true,"sequence_id":'
+    )  # fmt: skip
+    return HttpSequenceTemplate(_http_head(host, model, version), json_head, blobs)
+
+
+def _grpc_parts(
     model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
-) -> bytes:
-    """A serialized inference.ModelInferRequest with raw input contents, framed for the wire."""
+):
+    """A ModelInferRequest without its raw contents, and one with only them."""
     from tritonclient.grpc import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name=model, model_version=version)
+    raw = service_pb2.ModelInferRequest()
     for name, array in tensors.items():
         tensor = request.inputs.add()
         tensor.name = name
         tensor.datatype = datatypes[name]
         tensor.shape.extend(array.shape)
-        request.raw_input_contents.append(bytes(tensor_to_bytes(array, datatypes[name])))
+        raw.raw_input_contents.append(bytes(tensor_to_bytes(array, datatypes[name])))
+    return request, raw
+
+
+def grpc_request(
+    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
+) -> bytes:
+    """A serialized inference.ModelInferRequest with raw input contents, framed for the wire."""
+    request, raw = _grpc_parts(model, version, tensors, datatypes)
+    request.raw_input_contents.extend(raw.raw_input_contents)
     return grpc_message(request.SerializeToString())
+
+
+def grpc_sequence_template(
+    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
+) -> GrpcSequenceTemplate:
+    """`grpc_request` as a template: a message's fields may come in any order, so the sequence
+    parameters go between the fixed fields and the raw contents (a serialized message is the
+    concatenation of its fields' encodings)."""
+    from tritonclient.grpc import service_pb2
+
+    request, raw = _grpc_parts(model, version, tensors, datatypes)
+
+    def entry(key: str, value: bool) -> bytes:
+        message = service_pb2.ModelInferRequest()
+        message.parameters[key].bool_param = value
+        return message.SerializeToString()
+
+    return GrpcSequenceTemplate(
+        request.SerializeToString(),
+        (entry("sequence_start", False), entry("sequence_start", True)),
+        (entry("sequence_end", False), entry("sequence_end", True)),
+        raw.SerializeToString(),
+    )

@@ -15,7 +15,13 @@ from analyzer.loadgen.client import LoadClient
 from analyzer.loadgen.control import ServerError, control_client
 from analyzer.loadgen.inputs import ModelIO, make_requests, model_io
 from analyzer.loadgen.measure import Measurer, MeasureSettings, PerfPoint
-from analyzer.loadgen.payload import grpc_request, http_request
+from analyzer.loadgen.payload import (
+    grpc_request,
+    grpc_sequence_template,
+    http_request,
+    http_sequence_template,
+)
+from analyzer.loadgen.sequences import SequenceOptions
 from analyzer.loadgen.server_stats import composing_models
 from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
@@ -42,6 +48,8 @@ class PerfOptions:
     gpus: list[str] = field(default_factory=list)
     monitor_interval_s: float = 0.1
     seed: int = 0
+    # how sequences are sent, used when the model has sequence_batching
+    sequence: SequenceOptions = field(default_factory=SequenceOptions)
 
     @property
     def mode(self) -> str:
@@ -77,16 +85,24 @@ def parse_range(flag: str, text: str, integer: bool) -> list:
     return values
 
 
-def encode_payloads(options: PerfOptions, io: ModelIO) -> list[bytes]:
+def sequence_options(options: PerfOptions, config: dict) -> SequenceOptions | None:
+    """The sequence settings when the served model's config has sequence_batching."""
+    return options.sequence if "sequence_batching" in config else None
+
+
+def encode_payloads(options: PerfOptions, io: ModelIO, sequences: bool = False) -> list:
+    """The requests, encoded once; for a sequence model, templates each step fills in."""
     requests = make_requests(
         io, options.batch_size, options.input_data, options.shapes, options.string_length,
         options.seed,
     )
     datatypes = {spec.name: spec.datatype for spec in io.inputs}
     if options.protocol == "grpc":
-        return [grpc_request(io.name, options.version, r, datatypes) for r in requests]
+        grpc = grpc_sequence_template if sequences else grpc_request
+        return [grpc(io.name, options.version, r, datatypes) for r in requests]
     host = options.url.split("://", 1)[-1]
-    return [http_request(host, io.name, options.version, r, datatypes) for r in requests]
+    http = http_sequence_template if sequences else http_request
+    return [http(host, io.name, options.version, r, datatypes) for r in requests]
 
 
 def make_samplers(options: PerfOptions) -> dict[str, Sampler]:
@@ -108,7 +124,8 @@ def run_perf(
         server = control.server_metadata()
         config = control.model_config()
         io = model_io(control.model_metadata(), config)
-        payloads = encode_payloads(options, io)
+        sequence = sequence_options(options, config)
+        payloads = encode_payloads(options, io, sequence is not None)
         use_stats = "statistics" in server.get("extensions", [])
         if on_start is not None:
             on_start(io, server)
@@ -118,8 +135,9 @@ def run_perf(
         cores = len(os.sched_getaffinity(0))
         auto = options.client_processes <= 0
         with LoadClient(
-            options.protocol, options.url, payloads, max(1, options.client_processes), options.seed
-        ) as client:
+            options.protocol, options.url, payloads, max(1, options.client_processes),
+            options.seed, sequence,
+        ) as client:  # fmt: skip
             measurer = Measurer(
                 client, control, io.name, options.version, options.batch_size, options.settings,
                 samplers, use_stats, composing_models(config),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzer.loadgen.records import frame, read_message, recv_message, send_message
+from analyzer.loadgen.sequences import Sequence, SequenceOptions, SequenceSource
 from analyzer.loadgen.transports import GrpcTransport, HttpConnection, HttpTransport, Transport
 
 now_ns = time.monotonic_ns
@@ -33,10 +34,15 @@ class ShardConfig:
     protocol: str  # http | grpc
     host: str
     port: int
-    payloads: list[bytes]  # complete HTTP requests, or gRPC-framed ModelInferRequests
+    # complete HTTP requests, or gRPC-framed ModelInferRequests; for a sequence model, templates
+    # (sequences.py) that each request fills with its sequence id and flags
+    payloads: list
     seed: int = 0
     max_outstanding: int = 4096
     grpc_channels: int = 1  # HTTP/2 connections; calls are multiplexed on them
+    sequence: SequenceOptions | None = None  # the model has sequence_batching
+    index: int = 0  # this shard's place among the client's, and how many there may be: each
+    stride: int = 1  # shard draws every stride-th sequence id
 
 
 class Shard:
@@ -47,6 +53,10 @@ class Shard:
         self.loop = asyncio.get_running_loop()
         self.payloads = config.payloads
         self.next_payload = 0
+        self.sequences: SequenceSource | None = None
+        self._use_sequences(config.sequence)
+        self.rate_sequences: list[Sequence | None] = []
+        self.next_sequence = 0
         self.generation = 0  # bumped on every load change; loops of older generations end
         self.concurrency = 0
         self.outstanding = 0
@@ -83,10 +93,23 @@ class Shard:
         """Connections opened so far, reconnections included."""
         return self.transport.opened
 
-    def _payload(self) -> bytes:
+    def _payload(self):
         payload = self.payloads[self.next_payload]
         self.next_payload = (self.next_payload + 1) % len(self.payloads)
         return payload
+
+    def _use_sequences(self, options: SequenceOptions | None) -> None:
+        c = self.config
+        self.sequences = None if options is None else (
+            SequenceSource(options, c.index, c.stride, c.seed))  # fmt: skip
+
+    def _step(self, sequence: Sequence | None, template) -> tuple[Sequence, bytes]:
+        """The next request of `sequence`, or of a new one when it is None or done."""
+        assert self.sequences is not None
+        if sequence is None or sequence.done:
+            sequence = self.sequences.new(template, sequence)
+        start, end = sequence.flags()
+        return sequence, template.build(sequence.id_part, start, end)
 
     def record(
         self, start: int, end: int, send: int, recv: int, sched: int, ok: bool, slot: int
@@ -99,31 +122,92 @@ class Shard:
         self.c_ok.append(ok)
         self.c_slot.append(slot)
 
-    async def request(self, sched: int = 0, slot: int = -1) -> None:
+    async def request(self, sched: int = 0, slot: int = -1, payload: bytes | None = None) -> None:
         """One request; `slot`: the concurrency slot sending it (-1 in request-rate mode)."""
         self.sent += 1
         self.outstanding += 1
         self.max_outstanding_seen = max(self.max_outstanding_seen, self.outstanding)
         try:
-            await self.transport.request(self._payload(), sched, slot)
+            await self.transport.request(payload or self._payload(), sched, slot)
         finally:
             self.outstanding -= 1
             self.slot_free.set()
 
+    def _rate_request(self, sched: int):
+        """A scheduled request of a sequence model: the next live sequence's next step, round
+        robin; with serial sequences it goes out once that sequence's last request answered."""
+        index = self.next_sequence
+        self.next_sequence = (index + 1) % len(self.rate_sequences)
+        assert self.sequences is not None
+        if not self.sequences.options.serial:
+            sequence, payload = self._step(self.rate_sequences[index], self._payload())
+            self.rate_sequences[index] = sequence
+            sequence.inflight += 1
+            return self._send_step(sequence, payload, sched, -1)
+        sequence = self.rate_sequences[index]
+        if sequence is None or sequence.done:  # its last request may still be in flight
+            sequence = self.sequences.new(self._payload(), sequence)
+            self.rate_sequences[index] = sequence
+
+        async def serial() -> None:
+            async with sequence.lock:
+                _, payload = self._step(sequence, self._payload())
+                await self._send_step(sequence, payload, sched, -1)
+
+        sequence.inflight += 1  # from now: an END sent at a load change waits for it
+
+        return serial()
+
     # ---- load shapes ------------------------------------------------------------------------
-    def set_concurrency(self, n: int) -> None:
+    def _new_generation(self) -> None:
         self.generation += 1
+        if self.sequences is not None:
+            for sequence in self.sequences.forget():
+                self.outstanding += 1  # `stop` waits for it
+                self.loop.create_task(self._end(sequence))
+
+    async def _end(self, sequence: Sequence) -> None:
+        """END a sequence the load left unfinished, after its requests in flight (quiet: outside
+        every measurement)."""
+        try:
+            deadline = now_ns() + 10_000_000_000
+            while sequence.inflight and now_ns() < deadline:
+                await asyncio.sleep(0.001)
+            async with sequence.lock:
+                payload = sequence.template.build(sequence.id_part, False, True)
+                await self.transport.request(payload, 0, -1, quiet=True)
+        finally:
+            self.outstanding -= 1
+            self.slot_free.set()
+
+    async def _send_step(self, sequence: Sequence, payload: bytes, sched: int, slot: int):
+        """One request of a sequence; the caller counted it in flight (`inflight`) already."""
+        try:
+            await self.request(sched, slot, payload)
+        finally:
+            sequence.inflight -= 1
+
+    def set_concurrency(self, n: int) -> None:
+        self._new_generation()
         self.concurrency = n
         generation = self.generation
         for slot in range(n):
             self.loop.create_task(self._worker(slot, generation))
 
     async def _worker(self, slot: int, generation: int) -> None:
+        if self.sequences is None:
+            while self.generation == generation:
+                await self.request(0, slot)
+            return
+        sequence = None  # one sequence at a time per slot, one request in flight
         while self.generation == generation:
-            await self.request(0, slot)
+            sequence, payload = self._step(sequence, self._payload())
+            sequence.inflight += 1
+            await self._send_step(sequence, payload, 0, slot)
 
-    def set_rate(self, rate: float, distribution: str, phase: float) -> None:
-        self.generation += 1
+    def set_rate(self, rate: float, distribution: str, phase: float, sequences: int = 1) -> None:
+        self._new_generation()
+        self.rate_sequences, self.next_sequence = [None] * max(1, sequences), 0
         if rate > 0:
             self.loop.create_task(self._schedule(rate, distribution, phase, self.generation))
 
@@ -142,7 +226,10 @@ class Shard:
                     self.slot_free.clear()
                     await self.slot_free.wait()
                     continue
-                self.loop.create_task(self.request(int(due)))
+                if self.sequences is None:
+                    self.loop.create_task(self.request(int(due)))
+                else:
+                    self.loop.create_task(self._rate_request(int(due)))
                 due += rng.expovariate(1.0) * interval if poisson else interval
             wait = due - now_ns()
             if wait > 2_000_000:
@@ -154,7 +241,7 @@ class Shard:
                     time.sleep(min(wait, 100_000) / 1e9)
 
     def idle_load(self) -> None:
-        self.generation += 1
+        self._new_generation()
         self.concurrency = 0
 
     # ---- reporting --------------------------------------------------------------------------
@@ -226,7 +313,7 @@ async def _commands(sock: socket.socket, shard: Shard, loop) -> None:
         if kind == "concurrency":
             shard.set_concurrency(int(command[1]))
         elif kind == "rate":
-            shard.set_rate(float(command[1]), str(command[2]), float(command[3]))
+            shard.set_rate(float(command[1]), str(command[2]), float(command[3]), int(command[4]))
         elif kind == "idle":
             shard.idle_load()
         elif kind == "drain":
@@ -234,6 +321,7 @@ async def _commands(sock: socket.socket, shard: Shard, loop) -> None:
         elif kind == "payloads":  # another model or variant: same processes and connections
             shard.idle_load()
             shard.payloads, shard.next_payload = list(command[1]), 0
+            shard._use_sequences(command[2])
         elif kind == "stop":
             shard.idle_load()
             deadline = loop.time() + 10

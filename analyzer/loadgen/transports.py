@@ -99,8 +99,14 @@ class Transport(ABC):
         """The first connection(s), before the shard reports ready."""
 
     @abstractmethod
-    async def request(self, payload: bytes, sched: int, slot: int) -> None:
-        """Send one request, wait for its answer and record it on the shard."""
+    async def request(self, payload: bytes, sched: int, slot: int, quiet: bool = False) -> None:
+        """Send one request, wait for its answer and record it on the shard (`quiet`: neither
+        its timing nor its error: a request outside the measurement, such as a sequence's END
+        sent when the load stops)."""
+
+    def _error(self, message: str, quiet: bool) -> None:
+        if not quiet:
+            self.shard.errors[message] += 1
 
 
 class HttpTransport(Transport):
@@ -124,7 +130,7 @@ class HttpTransport(Transport):
         if conn in self.idle:
             self.idle.remove(conn)
 
-    async def request(self, payload: bytes, sched: int, slot: int) -> None:
+    async def request(self, payload: bytes, sched: int, slot: int, quiet: bool = False) -> None:
         conn = self.idle.pop() if self.idle else None
         start = now_ns()
         try:
@@ -146,17 +152,18 @@ class HttpTransport(Transport):
             end = now_ns()
             ok = status == 200
             if not ok:
-                self.shard.errors[_http_error(status, conn.body)] += 1
+                self._error(_http_error(status, conn.body), quiet)
             recv = end - conn.first_byte if conn.first_byte else 0
         except (OSError, httptools.HttpParserError) as exc:
             end = now_ns()
             sent, recv, ok = end, 0, False
-            self.shard.errors[f"HTTP request failed: {exc}"] += 1
+            self._error(f"HTTP request failed: {exc}", quiet)
         if conn is not None and conn.reusable and not conn.transport.is_closing():
             self.idle.append(conn)
         elif conn is not None and conn.transport is not None:
             conn.transport.close()
-        self.shard.record(start, end, sent - start, recv, sched, ok, slot)
+        if not quiet:
+            self.shard.record(start, end, sent - start, recv, sched, ok, slot)
 
 
 class GrpcTransport(Transport):
@@ -196,7 +203,7 @@ class GrpcTransport(Transport):
         if not task.cancelled() and task.exception() is None:
             self.connections[index] = task.result()
 
-    async def request(self, payload: bytes, sched: int, slot: int) -> None:
+    async def request(self, payload: bytes, sched: int, slot: int, quiet: bool = False) -> None:
         index = self.next
         self.next = (index + 1) % len(self.connections)
         start = now_ns()
@@ -215,13 +222,14 @@ class GrpcTransport(Transport):
             ok = True
         except grpc_client.GrpcCallError as exc:
             ok = False
-            self.shard.errors[str(exc)] += 1
+            self._error(str(exc), quiet)
         except (TimeoutError, OSError) as exc:
             ok = False
-            self.shard.errors[f"gRPC request failed: {exc}"] += 1
+            self._error(f"gRPC request failed: {exc}", quiet)
         end = now_ns()
         recv = end - first_byte if ok and first_byte else 0
-        self.shard.record(start, end, sent - start, recv, sched, ok, slot)
+        if not quiet:
+            self.shard.record(start, end, sent - start, recv, sched, ok, slot)
 
 
 def _http_error(status: int, body: bytearray) -> str:

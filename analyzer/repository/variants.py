@@ -66,7 +66,8 @@ def make_variant(config: ModelConfig, params: dict[str, Any], cpu_only: bool) ->
         group = out.instance_group.add()
         group.count = count
         group.kind = KIND_CPU if cpu_only else KIND_GPU
-    if delay is not None and out.max_batch_size > 0:
+    # the sequence batcher schedules a sequence model: Triton takes one scheduler per model
+    if delay is not None and out.max_batch_size > 0 and not out.HasField("sequence_batching"):
         out.dynamic_batching.max_queue_delay_microseconds = delay
     _check(out)
     return out
