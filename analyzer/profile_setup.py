@@ -131,8 +131,21 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
         settings=settings,
         seed=c.seed,
         sequence=sequence,
+        streaming=_flag_bool(flags.get("streaming", False), "streaming"),
     )
     return settings, options
+
+
+def _flag_bool(value: object, key: str) -> bool:
+    """A perf_analyzer flag without a value (MA writes `streaming: true`, or an empty value)."""
+    if value is None or isinstance(value, bool):
+        return value is None or value
+    text = str(value).strip().lower()
+    if text in ("", "true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"perf_analyzer_flags '{key}' is {value!r}; expected true or false")
 
 
 def search_limits(config: ProfileConfig, spec: ModelSpec, source: ModelSource) -> SearchLimits:

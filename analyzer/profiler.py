@@ -202,6 +202,8 @@ class Profiler:
                        settings.percentile, spec.batch_sizes]  # fmt: skip
         if source.config.HasField("sequence_batching"):  # how its sequences are sent
             fingerprint.append(list(dataclasses.astuple(options.sequence)))
+        if options.streaming:
+            fingerprint.append("streaming")
         # Unloading frees a variant's instances, but allocators keep some memory (torch's CUDA
         # cache, glibc arenas): when memory is ranked on, each variant gets a fresh worker.
         self.session.fresh_worker_per_variant = bool(

@@ -27,7 +27,7 @@ from analyzer.loadgen.control import control_client
 from analyzer.loadgen.inputs import model_io
 from analyzer.loadgen.measure import Measurer, PerfPoint
 from analyzer.loadgen.output import point_text
-from analyzer.loadgen.perf import PerfOptions, encode_payloads, sequence_options
+from analyzer.loadgen.perf import PerfOptions, encode_payloads, sequence_options, stream_mode
 from analyzer.loadgen.server_stats import composing_models
 from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
@@ -167,14 +167,15 @@ class WorkerSession:
                 opts = dataclasses.replace(options, model=served, url=url,
                                            batch_size=trial.batch_size)  # fmt: skip
                 sequence = sequence_options(opts, config)
-                payloads = encode_payloads(opts, io, sequence is not None)
+                stream = stream_mode(opts, config)
+                payloads = encode_payloads(opts, io, sequence is not None, stream == "decoupled")
                 if self.client is None:
                     processes = max(1, self.config.client_processes)
                     self.client = LoadClient(options.protocol, url, payloads, processes,
-                                             self.config.seed, sequence)  # fmt: skip
+                                             self.config.seed, sequence, stream)  # fmt: skip
                     self.client.start()
                 else:
-                    self.client.set_payloads(payloads, sequence)
+                    self.client.set_payloads(payloads, sequence, stream)
                 self.payload_key = key
             measurer = Measurer(self.client, control, served, "", trial.batch_size,
                                 options.settings, self.samplers, True, self.composing)  # fmt: skip

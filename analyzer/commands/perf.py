@@ -109,6 +109,9 @@ def perf(
     serial_sequences: Annotated[
         bool, typer.Option(help="At most one request in flight per sequence (request rate).")
     ] = False,
+    streaming: Annotated[
+        bool, typer.Option(help="gRPC ModelStreamInfer streams (decoupled models always).")
+    ] = False,
 ) -> None:
     """Measure throughput and latency of a model on a running server (perf_analyzer's flags).
     \f
@@ -148,6 +151,7 @@ def perf(
             settings=settings, latency_threshold_ms=latency_threshold,
             client_processes=client_processes, server_pid=server_pid, gpus=list(gpus or []),
             monitor_interval_s=monitor_interval_ms / 1000.0, seed=seed, sequence=sequence,
+            streaming=streaming,
         )  # fmt: skip
     except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)

@@ -21,6 +21,7 @@ PERF_FLAGS = {
     "shape", "input-data", "measurement-mode", "measurement-interval", "measurement-request-count",
     "stability-percentage", "max-trials", "percentile", "request-distribution", "string-length",
     "protocol", "batch-size", "num-of-sequences", "sequence-length", "sequence-id-range",
+    "streaming",
 }  # fmt: skip
 
 
@@ -115,8 +116,6 @@ PERF_FLAG_NOTES = {
     "output-shared-memory-size": "tensors travel in the requests (the load generator does not use "
                                  "shared memory yet)",
     "string-data": "string inputs are random of string-length",
-    "streaming": "the load generator calls the unary API (decoupled models are streamed as "
-                 "needed)",
     "grpc-compression-algorithm": "requests are not compressed",
     "collect-metrics": "GPU and CPU metrics are sampled by the profiler (monitoring_interval)",
     "metrics-url": "GPU and CPU metrics are sampled by the profiler (monitoring_interval)",

@@ -56,6 +56,7 @@ class LoadClient:
         processes: int = 1,
         seed: int = 0,
         sequence: SequenceOptions | None = None,
+        stream: str | None = None,
     ) -> None:
         self.protocol = protocol
         self.url = url
@@ -63,6 +64,7 @@ class LoadClient:
         self.processes = max(1, processes)
         self.seed = seed
         self.sequence = sequence
+        self.stream = stream  # gRPC streams: "stream" (--streaming) or "decoupled"; None: unary
         # shard k draws sequence ids k, k + stride, ...: the most shards this client may grow to
         # (one per core of the machine at most)
         self.stride = max(self.processes, os.cpu_count() or 1)
@@ -90,7 +92,8 @@ class LoadClient:
 
     def _config(self, host: str, port: int, index: int) -> ShardConfig:
         return ShardConfig(self.protocol, host, port, self.payloads, seed=self.seed + 7919 * index,
-                           sequence=self.sequence, index=index, stride=self.stride)  # fmt: skip
+                           sequence=self.sequence, index=index, stride=self.stride,
+                           stream=self.stream)  # fmt: skip
 
     @staticmethod
     def _spawn(config: ShardConfig) -> ShardState:
@@ -137,10 +140,12 @@ class LoadClient:
     def set_idle(self) -> Drained:
         return self._command([("idle",)] * len(self.shards))
 
-    def set_payloads(self, payloads: list, sequence: SequenceOptions | None = None) -> Drained:
+    def set_payloads(
+        self, payloads: list, sequence: SequenceOptions | None = None, stream: str | None = None
+    ) -> Drained:
         """Idle the load and send other requests from now on (the next model or variant)."""
-        self.payloads, self.sequence = payloads, sequence
-        return self._command([("payloads", payloads, sequence)] * len(self.shards))
+        self.payloads, self.sequence, self.stream = payloads, sequence, stream
+        return self._command([("payloads", payloads, sequence, stream)] * len(self.shards))
 
     def quiesce(self, timeout_s: float = 30.0) -> None:
         """Stop sending and wait for every outstanding request to finish (before an unload)."""

@@ -80,12 +80,18 @@ def http_sequence_template(
 
 
 def _grpc_parts(
-    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
-):
-    """A ModelInferRequest without its raw contents, and one with only them."""
+    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
+    decoupled: bool = False,
+):  # fmt: skip
+    """A ModelInferRequest without its raw contents, and one with only them. A decoupled
+    model's request asks for the final flag as a response of its own when the model sends it
+    alone (`triton_enable_empty_final_response`, as perf_analyzer asks): the stream then always
+    says when a request is done."""
     from tritonclient.grpc import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name=model, model_version=version)
+    if decoupled:
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
     raw = service_pb2.ModelInferRequest()
     for name, array in tensors.items():
         tensor = request.inputs.add()
@@ -97,23 +103,25 @@ def _grpc_parts(
 
 
 def grpc_request(
-    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
-) -> bytes:
+    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
+    decoupled: bool = False,
+) -> bytes:  # fmt: skip
     """A serialized inference.ModelInferRequest with raw input contents, framed for the wire."""
-    request, raw = _grpc_parts(model, version, tensors, datatypes)
+    request, raw = _grpc_parts(model, version, tensors, datatypes, decoupled)
     request.raw_input_contents.extend(raw.raw_input_contents)
     return grpc_message(request.SerializeToString())
 
 
 def grpc_sequence_template(
-    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
-) -> GrpcSequenceTemplate:
+    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
+    decoupled: bool = False,
+) -> GrpcSequenceTemplate:  # fmt: skip
     """`grpc_request` as a template: a message's fields may come in any order, so the sequence
     parameters go between the fixed fields and the raw contents (a serialized message is the
     concatenation of its fields' encodings)."""
     from tritonclient.grpc import service_pb2
 
-    request, raw = _grpc_parts(model, version, tensors, datatypes)
+    request, raw = _grpc_parts(model, version, tensors, datatypes, decoupled)
 
     def entry(key: str, value: bool) -> bytes:
         message = service_pb2.ModelInferRequest()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from analyzer.errors import AnalyzerError
 from analyzer.loadgen.client import LoadClient
 from analyzer.loadgen.control import ServerError, control_client
-from analyzer.loadgen.inputs import ModelIO, make_requests, model_io
+from analyzer.loadgen.inputs import InputError, ModelIO, make_requests, model_io
 from analyzer.loadgen.measure import Measurer, MeasureSettings, PerfPoint
 from analyzer.loadgen.payload import (
     grpc_request,
@@ -50,6 +50,7 @@ class PerfOptions:
     seed: int = 0
     # how sequences are sent, used when the model has sequence_batching
     sequence: SequenceOptions = field(default_factory=SequenceOptions)
+    streaming: bool = False  # gRPC ModelStreamInfer (perf_analyzer's --streaming)
 
     @property
     def mode(self) -> str:
@@ -90,7 +91,23 @@ def sequence_options(options: PerfOptions, config: dict) -> SequenceOptions | No
     return options.sequence if "sequence_batching" in config else None
 
 
-def encode_payloads(options: PerfOptions, io: ModelIO, sequences: bool = False) -> list:
+def stream_mode(options: PerfOptions, config: dict) -> str | None:
+    """"decoupled" for a decoupled model (it answers only on a stream), "stream" when streaming
+    is asked, None for unary calls; InputError when streaming is wanted over HTTP."""
+    decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
+    if not (decoupled or options.streaming):
+        return None
+    if options.protocol != "grpc":
+        why = (f"model '{config.get('name', options.model)}' is decoupled (it may send any "
+               "number of responses per request)" if decoupled else "--streaming")  # fmt: skip
+        raise InputError(f"{why}: that needs gRPC streaming; use the grpc protocol (-i grpc, "
+                         "or client_protocol: grpc)")  # fmt: skip
+    return "decoupled" if decoupled else "stream"
+
+
+def encode_payloads(
+    options: PerfOptions, io: ModelIO, sequences: bool = False, decoupled: bool = False
+) -> list:
     """The requests, encoded once; for a sequence model, templates each step fills in."""
     requests = make_requests(
         io, options.batch_size, options.input_data, options.shapes, options.string_length,
@@ -99,7 +116,7 @@ def encode_payloads(options: PerfOptions, io: ModelIO, sequences: bool = False) 
     datatypes = {spec.name: spec.datatype for spec in io.inputs}
     if options.protocol == "grpc":
         grpc = grpc_sequence_template if sequences else grpc_request
-        return [grpc(io.name, options.version, r, datatypes) for r in requests]
+        return [grpc(io.name, options.version, r, datatypes, decoupled) for r in requests]
     host = options.url.split("://", 1)[-1]
     http = http_sequence_template if sequences else http_request
     return [http(host, io.name, options.version, r, datatypes) for r in requests]
@@ -125,7 +142,8 @@ def run_perf(
         config = control.model_config()
         io = model_io(control.model_metadata(), config)
         sequence = sequence_options(options, config)
-        payloads = encode_payloads(options, io, sequence is not None)
+        stream = stream_mode(options, config)
+        payloads = encode_payloads(options, io, sequence is not None, stream == "decoupled")
         use_stats = "statistics" in server.get("extensions", [])
         if on_start is not None:
             on_start(io, server)
@@ -136,7 +154,7 @@ def run_perf(
         auto = options.client_processes <= 0
         with LoadClient(
             options.protocol, options.url, payloads, max(1, options.client_processes),
-            options.seed, sequence,
+            options.seed, sequence, stream,
         ) as client:  # fmt: skip
             measurer = Measurer(
                 client, control, io.name, options.version, options.batch_size, options.settings,

@@ -24,7 +24,13 @@ import numpy as np
 
 from analyzer.loadgen.records import frame, read_message, recv_message, send_message
 from analyzer.loadgen.sequences import Sequence, SequenceOptions, SequenceSource
-from analyzer.loadgen.transports import GrpcTransport, HttpConnection, HttpTransport, Transport
+from analyzer.loadgen.transports import (
+    GrpcStreamTransport,
+    GrpcTransport,
+    HttpConnection,
+    HttpTransport,
+    Transport,
+)
 
 now_ns = time.monotonic_ns
 
@@ -43,6 +49,7 @@ class ShardConfig:
     sequence: SequenceOptions | None = None  # the model has sequence_batching
     index: int = 0  # this shard's place among the client's, and how many there may be: each
     stride: int = 1  # shard draws every stride-th sequence id
+    stream: str | None = None  # gRPC streaming: "stream" (--streaming) or "decoupled"
 
 
 class Shard:
@@ -66,8 +73,24 @@ class Shard:
         self.errors: Counter[str] = Counter()
         self._reset_columns()
         self.slot_free = asyncio.Event()
-        transport = GrpcTransport if config.protocol == "grpc" else HttpTransport
-        self.transport: Transport = transport(self)
+        self.stream = config.stream
+        self.transport: Transport = self._transport()
+
+    def _transport(self) -> Transport:
+        if self.config.protocol == "grpc" and self.stream:
+            return GrpcStreamTransport(self, self.stream == "decoupled")
+        return GrpcTransport(self) if self.config.protocol == "grpc" else HttpTransport(self)
+
+    async def use_stream(self, stream: str | None) -> None:
+        """Another model calls for unary calls, streams, or a decoupled model's streams."""
+        if stream == self.stream:
+            return
+        old = self.transport
+        self.stream = stream
+        self.transport = self._transport()
+        await self.transport.open()
+        if isinstance(old, GrpcStreamTransport):
+            await old.close()
 
     def _reset_columns(self) -> None:
         self.c_start: list[int] = []
@@ -322,6 +345,7 @@ async def _commands(sock: socket.socket, shard: Shard, loop) -> None:
             shard.idle_load()
             shard.payloads, shard.next_payload = list(command[1]), 0
             shard._use_sequences(command[2])
+            await shard.use_stream(command[3])
         elif kind == "stop":
             shard.idle_load()
             deadline = loop.time() + 10

@@ -1,6 +1,6 @@
 """How a load-generator shard sends one request and records it: one transport class per protocol
-(keep-alive HTTP/1.1 connections, or gRPC calls multiplexed on HTTP/2 connections), and the HTTP/1.1
-connection the HTTP transport reuses.
+(keep-alive HTTP/1.1 connections, gRPC calls multiplexed on HTTP/2 connections, or gRPC's
+bidirectional ModelStreamInfer streams), and the HTTP/1.1 connection the HTTP transport reuses.
 """
 
 from __future__ import annotations
@@ -238,3 +238,95 @@ def _http_error(status: int, body: bytearray) -> str:
     except (ValueError, AttributeError):
         message = bytes(body[:200]).decode(errors="replace")
     return f"HTTP {status}: {message}" if message else f"HTTP {status}"
+
+
+class GrpcStreamTransport(Transport):
+    """gRPC ModelStreamInfer, as perf_analyzer's `--streaming` sends it and as a decoupled model
+    must be called: bidirectional streams over grpcio's asyncio channel, one request in flight
+    on each (an idle stream is reused, a new one opened when none is idle), so every response on
+    a stream belongs to the request in flight there. A request is done at its response, or for a
+    decoupled model at the response flagged `triton_final_response` (its requests ask for that
+    flag even when the model sends it alone); its latency runs to that response.
+
+    grpcio, not our own HTTP/2 client: a stream is long-lived and a decoupled model's request
+    long, so the client's cost per message matters less than for unary calls.
+    """
+
+    def __init__(self, shard: Shard, decoupled: bool) -> None:
+        super().__init__(shard)
+        self.decoupled = decoupled
+        self.idle: list = []
+        self.sent_ids = 0
+        self.channel = None
+        self.method = None
+
+    async def open(self) -> None:
+        import grpc
+
+        self.opened += 1
+        self.channel = grpc.aio.insecure_channel(
+            f"{self.config.host}:{self.config.port}",
+            options=[("grpc.max_receive_message_length", -1),
+                     ("grpc.max_send_message_length", -1)],
+        )  # fmt: skip
+        self.method = self.channel.stream_stream(STREAM_PATH)  # bytes in, bytes out
+        await asyncio.wait_for(self.channel.channel_ready(), 10)
+
+    async def close(self) -> None:
+        for call in self.idle:
+            call.cancel()
+        self.idle.clear()
+        if self.channel is not None:
+            await self.channel.close()
+
+    async def request(self, payload: bytes, sched: int, slot: int, quiet: bool = False) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        call = self.idle.pop() if self.idle else None
+        start = now_ns()
+        sent = start
+        first = 0
+        ok = False
+        try:
+            if call is None or call.done():
+                call = self.method()
+                self.opened += 1
+            # the message without gRPC's prefix (grpcio frames it), and an id of its own (field 3
+            # appended: a later field wins) that every response must echo
+            self.sent_ids += 1
+            rid = str(self.sent_ids)
+            await call.write(payload[5:] + b"\x1a" + bytes((len(rid),)) + rid.encode())
+            sent = now_ns()
+            while True:
+                raw = await call.read()
+                if raw is grpc.aio.EOF:
+                    raise ConnectionError("the server ended the stream")
+                if not first:
+                    first = now_ns()
+                response = service_pb2.ModelStreamInferResponse.FromString(raw)
+                if response.error_message:
+                    self._error(f"gRPC stream: {response.error_message}", quiet)
+                    break
+                if response.infer_response.id != rid:
+                    raise ConnectionError(f"a response to request '{response.infer_response.id}'"
+                                          f" came while '{rid}' was the stream's request")
+                final = response.infer_response.parameters.get("triton_final_response")
+                if not self.decoupled or (final is not None and final.bool_param):
+                    ok = True
+                    break
+        except grpc.aio.AioRpcError as exc:
+            self._error(f"gRPC {exc.code().name}: {exc.details()}", quiet)
+            call = None
+        except (TimeoutError, ConnectionError, OSError) as exc:
+            self._error(f"gRPC stream failed: {exc}", quiet)
+            call = None
+        end = now_ns()
+        if call is not None and not call.done():
+            self.idle.append(call)
+        if not quiet:
+            self.shard.record(start, end, sent - start, end - first if ok and first else 0,
+                              sched, ok, slot)  # fmt: skip
+
+
+STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
