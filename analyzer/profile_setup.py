@@ -16,6 +16,7 @@ from analyzer.fsutil import FolderError, OutputFolder, claim_output_folder, refu
 from analyzer.launch.cpus import CpuListError, Placement, plan_placement
 from analyzer.loadgen.inputs import parse_shapes
 from analyzer.loadgen.measure import MeasureSettings
+from analyzer.loadgen.payload import parse_headers
 from analyzer.loadgen.perf import PerfOptions
 from analyzer.loadgen.sequences import SequenceOptions, parse_id_range
 from analyzer.metrics import DIRECTIONS
@@ -132,8 +133,17 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
         seed=c.seed,
         sequence=sequence,
         streaming=_flag_bool(flags.get("streaming", False), "streaming"),
+        headers=parse_headers(_as_list(flags.get("http-header")),
+                              "perf_analyzer_flags http-header"),
     )
     return settings, options
+
+
+def _as_list(value: object) -> list[str]:
+    """A flag MA repeats: one value or a list of them."""
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
 def _flag_bool(value: object, key: str) -> bool:

@@ -157,7 +157,7 @@ class WorkerSession:
             launcher.load_variant(served, result.config_text)
             self.loaded, self.loaded_as = result.name, served
         url = launcher.grpc_url if options.protocol == "grpc" else launcher.http_url
-        control = control_client(options.protocol, url, served)
+        control = control_client(options.protocol, url, served, headers=options.headers)
         try:
             key = (result.name, trial.batch_size, options.protocol)
             if self.payload_key != key:
@@ -172,7 +172,8 @@ class WorkerSession:
                 if self.client is None:
                     processes = max(1, self.config.client_processes)
                     self.client = LoadClient(options.protocol, url, payloads, processes,
-                                             self.config.seed, sequence, stream)  # fmt: skip
+                                             self.config.seed, sequence, stream,
+                                             options.headers)  # fmt: skip
                     self.client.start()
                 else:
                     self.client.set_payloads(payloads, sequence, stream)

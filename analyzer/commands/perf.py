@@ -112,12 +112,17 @@ def perf(
     streaming: Annotated[
         bool, typer.Option(help="gRPC ModelStreamInfer streams (decoupled models always).")
     ] = False,
+    http_header: Annotated[
+        list[str] | None,
+        typer.Option("-H", "--http-header", help="NAME:VALUE header (gRPC metadata); repeatable."),
+    ] = None,
 ) -> None:
     """Measure throughput and latency of a model on a running server (perf_analyzer's flags).
     \f
     (Long because its parameters are the command's flags, declared once, here.)"""
     from analyzer.loadgen.inputs import parse_shapes
     from analyzer.loadgen.measure import MeasureSettings
+    from analyzer.loadgen.payload import parse_headers
     from analyzer.loadgen.perf import PerfOptions, parse_range
     from analyzer.loadgen.sequences import SequenceOptions, parse_id_range
 
@@ -151,7 +156,7 @@ def perf(
             settings=settings, latency_threshold_ms=latency_threshold,
             client_processes=client_processes, server_pid=server_pid, gpus=list(gpus or []),
             monitor_interval_s=monitor_interval_ms / 1000.0, seed=seed, sequence=sequence,
-            streaming=streaming,
+            streaming=streaming, headers=parse_headers(http_header or []),
         )  # fmt: skip
     except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)

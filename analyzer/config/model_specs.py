@@ -21,7 +21,7 @@ PERF_FLAGS = {
     "shape", "input-data", "measurement-mode", "measurement-interval", "measurement-request-count",
     "stability-percentage", "max-trials", "percentile", "request-distribution", "string-length",
     "protocol", "batch-size", "num-of-sequences", "sequence-length", "sequence-id-range",
-    "streaming",
+    "streaming", "http-header",
 }  # fmt: skip
 
 
@@ -123,7 +123,6 @@ PERF_FLAG_NOTES = {
     "bls-composing-models": "set bls_composing_models instead",
     "model-name": _SET_PER_POINT, "model-version": _SET_PER_POINT, "url": _SET_PER_POINT,
     "latency-report-file": "results go to EXPORT_PATH/results",
-    "http-header": _SET_PER_POINT,
     "verbose": "use -v", "extra-verbose": "use -v", "verbose-csv": "use -v",
     **{key: _NO_TLS for key in (
         "ssl-grpc-use-ssl", "ssl-grpc-root-certifications-file", "ssl-grpc-private-key-file",

@@ -57,6 +57,7 @@ class LoadClient:
         seed: int = 0,
         sequence: SequenceOptions | None = None,
         stream: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.protocol = protocol
         self.url = url
@@ -65,6 +66,7 @@ class LoadClient:
         self.seed = seed
         self.sequence = sequence
         self.stream = stream  # gRPC streams: "stream" (--streaming) or "decoupled"; None: unary
+        self.headers = headers  # gRPC metadata on every call (HTTP's are in the payloads)
         # shard k draws sequence ids k, k + stride, ...: the most shards this client may grow to
         # (one per core of the machine at most)
         self.stride = max(self.processes, os.cpu_count() or 1)
@@ -93,7 +95,7 @@ class LoadClient:
     def _config(self, host: str, port: int, index: int) -> ShardConfig:
         return ShardConfig(self.protocol, host, port, self.payloads, seed=self.seed + 7919 * index,
                            sequence=self.sequence, index=index, stride=self.stride,
-                           stream=self.stream)  # fmt: skip
+                           stream=self.stream, headers=self.headers)  # fmt: skip
 
     @staticmethod
     def _spawn(config: ShardConfig) -> ShardState:

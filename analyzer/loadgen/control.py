@@ -32,8 +32,10 @@ def split_url(url: str, default_port: int) -> tuple[str, int]:
 class ControlClient(ABC):
     """Blocking metadata/config/statistics calls; all answers use the HTTP API's JSON shapes."""
 
-    def __init__(self, url: str, model: str, version: str = ""):
+    def __init__(self, url: str, model: str, version: str = "",
+                 headers: tuple[tuple[str, str], ...] = ()):  # fmt: skip
         self.url, self.model, self.version = url, model, version
+        self.headers = headers  # -H: sent with every call, as with the inference requests
 
     @abstractmethod
     def server_metadata(self) -> dict[str, Any]: ...
@@ -53,8 +55,8 @@ class ControlClient(ABC):
 
 
 class HttpControl(ControlClient):
-    def __init__(self, url: str, model: str, version: str = "", timeout: float = 30.0):
-        super().__init__(url, model, version)
+    def __init__(self, url: str, model: str, version: str = "", headers=(), timeout=30.0):
+        super().__init__(url, model, version, headers)
         self.host, self.port = split_url(url, 8000)
         self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
@@ -65,7 +67,7 @@ class HttpControl(ControlClient):
     def _get(self, path: str) -> dict[str, Any]:
         for attempt in (0, 1):
             try:
-                self._conn.request("GET", path)
+                self._conn.request("GET", path, headers=dict(self.headers))
                 response = self._conn.getresponse()
                 body = response.read()
                 break
@@ -104,11 +106,12 @@ class HttpControl(ControlClient):
 
 
 class GrpcControl(ControlClient):
-    def __init__(self, url: str, model: str, version: str = "", timeout: float = 30.0):
+    def __init__(self, url: str, model: str, version: str = "", headers=(), timeout=30.0):
         import grpc
         from tritonclient.grpc import service_pb2_grpc
 
-        super().__init__(url, model, version)
+        super().__init__(url, model, version, headers)
+        self._metadata = tuple((name.lower(), value) for name, value in headers)
         host, port = split_url(url, 8001)
         self._grpc = grpc
         self._channel = grpc.insecure_channel(f"{host}:{port}")
@@ -117,7 +120,8 @@ class GrpcControl(ControlClient):
 
     def _call(self, method: str, request) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self._timeout)
+            return getattr(self._stub, method)(request, timeout=self._timeout,
+                                               metadata=self._metadata)  # fmt: skip
         except self._grpc.RpcError as exc:
             code = exc.code()
             if code in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -161,10 +165,12 @@ class GrpcControl(ControlClient):
         self._channel.close()
 
 
-def control_client(protocol: str, url: str, model: str, version: str = "") -> ControlClient:
+def control_client(
+    protocol: str, url: str, model: str, version: str = "", headers=()
+) -> ControlClient:
     if protocol == "http":
-        return HttpControl(url, model, version)
+        return HttpControl(url, model, version, headers)
     if protocol == "grpc":
-        return GrpcControl(url, model, version)
+        return GrpcControl(url, model, version, headers)
     raise ServerError(f"-i {protocol}: the protocol must be http or grpc")
 

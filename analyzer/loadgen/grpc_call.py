@@ -41,7 +41,9 @@ def grpc_message(message: bytes) -> bytes:
     return b"\x00" + U32.pack(len(message)) + message
 
 
-def request_headers(authority: str, path: bytes = INFER_PATH) -> tuple[bytes, bytes, bytes, int]:
+def request_headers(
+    authority: str, path: bytes = INFER_PATH, headers: tuple[tuple[str, str], ...] = ()
+) -> tuple[bytes, bytes, bytes, int]:
     """The header blocks of a connection's calls: (first, every later one, literals, table bytes
     needed).
 
@@ -56,6 +58,8 @@ def request_headers(authority: str, path: bytes = INFER_PATH) -> tuple[bytes, by
         (b"content-type", b"application/grpc"),
         (b"te", b"trailers"),
         (b"user-agent", b"model-analyzer-loadgen"),
+        # -H: gRPC metadata, whose keys are lower case
+        *((name.lower().encode(), value.encode()) for name, value in headers),
     )
     first = b"\x83\x86" + b"".join(b"\x40" + literal(n, v)[1:] for n, v in fields)
     # the newest entry is index 62: the first field added is the oldest

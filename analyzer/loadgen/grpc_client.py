@@ -247,7 +247,7 @@ class GrpcConnection(CallStreams):
         return found
 
 
-async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10):
+async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10, headers=()):
     """An open connection whose SETTINGS exchange is done. (asyncio.timeout, not wait_for: in
     Python 3.11 wait_for can swallow a cancellation that races a fast failure, and a shard whose
     parent left then spun reconnecting to a stopped server instead of ending.)"""
@@ -257,7 +257,7 @@ async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10
     try:
         async with asyncio.timeout(timeout):
             _, conn = await loop.create_connection(
-                lambda: GrpcConnection(authority, clock, on_lost), host, port
+                lambda: GrpcConnection(authority, clock, on_lost, headers), host, port
             )
             await conn.ready
     except BaseException:

@@ -47,9 +47,9 @@ class CallStreams(CoalescedWrites, asyncio.Protocol):
     """One HTTP/2 connection's calls, one stream each, as the client sends them: what reading the
     server's frames (GrpcConnection) updates and ends."""
 
-    def __init__(self, authority: str, clock, on_lost=None) -> None:
+    def __init__(self, authority: str, clock, on_lost=None, headers=()) -> None:
         self.head_first, self.head_later, self.head_literal, self.table_needed = (
-            request_headers(authority)
+            request_headers(authority, headers=headers)
         )
         self.peer_table = 4096  # the server's HPACK table size (SETTINGS_HEADER_TABLE_SIZE)
         self.clock = clock

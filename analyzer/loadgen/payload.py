@@ -9,12 +9,39 @@ happens per request.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
 from analyzer.datatypes import tensor_to_bytes
 from analyzer.loadgen.grpc_call import grpc_message
+from analyzer.loadgen.inputs import InputError
 from analyzer.loadgen.sequences import GrpcSequenceTemplate, HttpSequenceTemplate
+
+Headers = tuple[tuple[str, str], ...]
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# what the load generator writes itself, or HTTP/2 and gRPC reserve
+_RESERVED = {"host", "content-length", "content-type", "inference-header-content-length",
+             "transfer-encoding", "connection", "te", "user-agent", "keep-alive", "upgrade",
+             "expect"}  # fmt: skip
+
+
+def parse_headers(values: list[str] | tuple[str, ...], flag: str = "-H") -> Headers:
+    """perf_analyzer's `-H NAME:VALUE` headers (gRPC metadata over gRPC), checked: a name is an
+    HTTP token the load generator does not set itself, a value has no line break."""
+    out = []
+    for text in values:
+        name, sep, value = str(text).partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not _TOKEN.match(name):
+            raise InputError(f"{flag} '{text}' must be NAME:VALUE with NAME an HTTP header name")
+        if any(c in value for c in "\r\n\0"):
+            raise InputError(f"{flag} '{name}': the value holds a line break or NUL")
+        low = name.lower()
+        if low in _RESERVED or low.startswith("grpc-"):
+            raise InputError(f"{flag} '{name}' is set by the load generator itself")
+        out.append((name, value))
+    return tuple(out)
 
 
 def http_infer_path(model: str, version: str = "") -> str:
@@ -42,17 +69,19 @@ def _http_inputs(
     return inputs, b"".join(blobs)
 
 
-def _http_head(host: str, model: str, version: str) -> str:
+def _http_head(host: str, model: str, version: str, headers: Headers = ()) -> str:
     return (
         f"POST {http_infer_path(model, version)} HTTP/1.1\r\n"
         f"Host: {host}\r\n"
         "Content-Type: application/octet-stream\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in headers)
     )
 
 
 def http_request(
-    host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
-) -> bytes:
+    host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
+    headers: Headers = (),
+) -> bytes:  # fmt: skip
     """One complete HTTP/1.1 POST, headers and body, ready to write to a socket."""
     inputs, blobs = _http_inputs(tensors, datatypes)
     header = json.dumps(
@@ -60,7 +89,7 @@ def http_request(
     ).encode()
     body = header + blobs
     head = (
-        f"{_http_head(host, model, version)}"
+        f"{_http_head(host, model, version, headers)}"
         f"Inference-Header-Content-Length: {len(header)}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
@@ -68,15 +97,16 @@ def http_request(
 
 
 def http_sequence_template(
-    host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
-) -> HttpSequenceTemplate:
+    host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
+    headers: Headers = (),
+) -> HttpSequenceTemplate:  # fmt: skip
     """`http_request` as a template whose sequence id and START/END flags are filled per step."""
     inputs, blobs = _http_inputs(tensors, datatypes)
     json_head = (
         b'{"inputs":' + json.dumps(inputs, separators=(",", ":")).encode()
         + b',"parameters":{"binary_data_output":true,"sequence_id":'
     )  # fmt: skip
-    return HttpSequenceTemplate(_http_head(host, model, version), json_head, blobs)
+    return HttpSequenceTemplate(_http_head(host, model, version, headers), json_head, blobs)
 
 
 def _grpc_parts(

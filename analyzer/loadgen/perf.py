@@ -51,6 +51,7 @@ class PerfOptions:
     # how sequences are sent, used when the model has sequence_batching
     sequence: SequenceOptions = field(default_factory=SequenceOptions)
     streaming: bool = False  # gRPC ModelStreamInfer (perf_analyzer's --streaming)
+    headers: tuple[tuple[str, str], ...] = ()  # -H: HTTP headers, or gRPC metadata
 
     @property
     def mode(self) -> str:
@@ -119,7 +120,8 @@ def encode_payloads(
         return [grpc(io.name, options.version, r, datatypes, decoupled) for r in requests]
     host = options.url.split("://", 1)[-1]
     http = http_sequence_template if sequences else http_request
-    return [http(host, io.name, options.version, r, datatypes) for r in requests]
+    return [http(host, io.name, options.version, r, datatypes, options.headers)
+            for r in requests]  # fmt: skip
 
 
 def make_samplers(options: PerfOptions) -> dict[str, Sampler]:
@@ -135,7 +137,8 @@ def run_perf(
     options: PerfOptions, on_start: Callable[[ModelIO, dict], None] | None = None
 ) -> Iterator[PerfPoint]:
     """Yield one PerfPoint per load level; stops early past the latency threshold."""
-    control = control_client(options.protocol, options.url, options.model, options.version)
+    control = control_client(options.protocol, options.url, options.model, options.version,
+                             options.headers)  # fmt: skip
     samplers: dict[str, Sampler] = {}
     try:
         server = control.server_metadata()
@@ -154,7 +157,7 @@ def run_perf(
         auto = options.client_processes <= 0
         with LoadClient(
             options.protocol, options.url, payloads, max(1, options.client_processes),
-            options.seed, sequence, stream,
+            options.seed, sequence, stream, options.headers,
         ) as client:  # fmt: skip
             measurer = Measurer(
                 client, control, io.name, options.version, options.batch_size, options.settings,

@@ -50,6 +50,7 @@ class ShardConfig:
     index: int = 0  # this shard's place among the client's, and how many there may be: each
     stride: int = 1  # shard draws every stride-th sequence id
     stream: str | None = None  # gRPC streaming: "stream" (--streaming) or "decoupled"
+    headers: tuple[tuple[str, str], ...] = ()  # gRPC metadata on every call (-H)
 
 
 class Shard:

@@ -181,7 +181,8 @@ class GrpcTransport(Transport):
 
     async def _connect(self) -> GrpcConnection:
         self.opened += 1
-        return await grpc_client.connect(self.config.host, self.config.port, now_ns)
+        return await grpc_client.connect(self.config.host, self.config.port, now_ns,
+                                         headers=self.config.headers)  # fmt: skip
 
     async def _conn(self, index: int) -> GrpcConnection:
         """The index-th connection, reopened once (one attempt shared by every call waiting on
@@ -270,6 +271,7 @@ class GrpcStreamTransport(Transport):
                      ("grpc.max_send_message_length", -1)],
         )  # fmt: skip
         self.method = self.channel.stream_stream(STREAM_PATH)  # bytes in, bytes out
+        self.metadata = tuple((name.lower(), value) for name, value in self.config.headers)
         await asyncio.wait_for(self.channel.channel_ready(), 10)
 
     async def close(self) -> None:
@@ -290,7 +292,7 @@ class GrpcStreamTransport(Transport):
         ok = False
         try:
             if call is None or call.done():
-                call = self.method()
+                call = self.method(metadata=self.metadata)
                 self.opened += 1
             # the message without gRPC's prefix (grpcio frames it), and an id of its own (field 3
             # appended: a later field wins) that every response must echo
