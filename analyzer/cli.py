@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from analyzer.commands.check import check
 from analyzer.commands.perf import perf
 from analyzer.commands.profile import profile
 from analyzer.commands.report import report
@@ -54,6 +55,7 @@ app.command()(serve)
 app.command(no_args_is_help=True)(perf)
 app.command(cls=ProfileCommand, context_settings={"help_option_names": ["-h", "--help"]})(profile)
 app.command()(report)
+app.command(no_args_is_help=True)(check)
 
 
 def _version(asked: bool) -> None:

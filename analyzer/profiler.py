@@ -37,6 +37,7 @@ from analyzer.profile_setup import (
     search_limits,
     search_strategy,
 )
+from analyzer.repository.doctor import check_repository
 from analyzer.repository.repository import (
     ENSEMBLE,
     ModelSource,
@@ -131,7 +132,9 @@ class Profiler:
         return self.outcome
 
     def _profile_models(self, checkpoint: Checkpoint, space: SearchSpace) -> None:
-        if self.config.triton_launch_mode == "remote":  # the server's GPUs, from its metrics
+        remote = self.config.triton_launch_mode == "remote"
+        server_gpus = 0
+        if remote:  # the server's GPUs, from its metrics
             server_gpus = MetricsGpuSampler(self.config.triton_metrics_url).available()
             use_gpu = server_gpus and not self.config.cpu_only
         else:
@@ -140,6 +143,8 @@ class Profiler:
         for spec in self.config.models:
             model = ModelOutcome(spec)
             self.outcome.models.append(model)
+            if not self._healthy(model, server_gpus if remote else gpu_count()):
+                continue
             try:
                 source = read_model(self.config.model_repository, spec.name)
             except RepositoryError as err:
@@ -151,6 +156,19 @@ class Profiler:
                 continue
             self._profile_model(model, source, space, checkpoint, use_gpu)
             self.listener("model_done", {"model": spec.name})
+
+    def _healthy(self, model: ModelOutcome, gpus: int) -> bool:
+        """The repository doctor on this model (and the models its ensemble calls): its errors
+        fail the model before anything is made or loaded, its warnings are printed."""
+        findings = check_repository(self.config.model_repository, [model.spec.name], gpus)
+        for finding in findings:
+            if finding.severity == "warning":
+                self.listener("repository_note", {"line": finding.line()})
+        errors = [f.line() for f in findings if f.severity == "error"]
+        if errors:
+            model.error = "\n".join(errors)
+            self.listener("model_failed", {"model": model.spec.name, "error": model.error})
+        return not errors
 
     def _read_parts(self, model: ModelOutcome, source: ModelSource, bls: bool) -> bool:
         """The composing models of an ensemble (its steps) or of a BLS model

@@ -200,7 +200,7 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     document = {m["name"]: m for m in results(tmp_path / "EXP")["models"]}
-    assert "is not in repository" in document["missing"]["error"]
+    assert "has no model folder 'missing'" in document["missing"]["error"]  # the doctor's
     broken = document["broken"]["configs"]
     assert broken and all("weights file is missing" in c["error"] for c in broken)
     assert any(c["measurements"] for c in document["add_sub"]["configs"])

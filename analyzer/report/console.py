@@ -6,6 +6,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -67,7 +68,8 @@ class ProgressDisplay:
         return self.tasks[model]
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
-        if event in ("worker_start", "placement", "model_done", "model_failed", "final_start"):
+        if event in ("worker_start", "placement", "model_done", "model_failed", "final_start",
+                     "repository_note"):
             self._run_event(event, data)
             return
         result: ConfigResult = data["result"]
@@ -108,7 +110,10 @@ class ProgressDisplay:
                 self.progress.update(self.tasks[data["model"]], total=1, completed=1,
                                      description="done")  # fmt: skip
         elif event == "model_failed":
-            self.console.print(f"[red]{data['model']}: {data['error']}[/]")
+            self.console.print(f"[red]{escape(data['model'])}: {escape(data['error'])}[/]",
+                               highlight=False)
+        elif event == "repository_note":
+            self.console.print(data["line"], markup=False, highlight=False)
         elif event == "final_start":
             c = data["comparison"]
             self.console.print(f"  [bold]final comparison of {data['model']}[/]: "

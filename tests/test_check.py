@@ -1,0 +1,182 @@
+"""`model-analyzer check`, the repository doctor: each broken case named with its path and fix,
+exit 1; a clean repository exits 0; `profile` refuses a broken model with the same lines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from build_examples import build_onnx_add_mul
+from serving import EXAMPLES
+
+from analyzer.repository.doctor import check_repository
+
+PY = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+PY_CONFIG = 'name: "{name}"\nbackend: "python"\n'
+ADD_MUL = """name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }},
+        {{ name: "{second}" data_type: {dtype} dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+"""
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _python_model(repo: Path, name: str, config: str | None = None, code: str = PY) -> None:
+    _write(repo / name / "1" / "model.py", code)
+    if config is not None:
+        _write(repo / name / "config.pbtxt", config)
+
+
+def _fixed_batch_onnx(path: Path) -> None:
+    """add_mul exported with a fixed first dimension of 2: no batch dimension to batch on."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def tensor(name: str):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 4])
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"])], "fixed",
+        [tensor("INPUT0"), tensor("INPUT1")], [tensor("OUTPUT0")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+@pytest.fixture
+def broken(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    _write(repo / "bert" / "1" / "config.pbtxt", PY_CONFIG.format(name="bert"))
+    _write(repo / "bert" / "1" / "model.py", PY)
+    _write(repo / "loose" / "config.pbtxt", PY_CONFIG.format(name="loose"))
+    _write(repo / "loose" / "model.py", PY)
+    _python_model(repo, "misnamed", PY_CONFIG.format(name="other"))
+    _python_model(repo, "typo", PY_CONFIG.format(name="typo") + "max_batch_sizes: 4\n")
+    _python_model(repo, "gpu", PY_CONFIG.format(name="gpu")
+                  + "instance_group [ { kind: KIND_GPU } ]\n")  # fmt: skip
+    _write(repo / "nofile" / "config.pbtxt", PY_CONFIG.format(name="nofile"))
+    (repo / "nofile" / "1").mkdir()
+    _python_model(repo, "badpy", PY_CONFIG.format(name="badpy"), "def execute(:\n")
+    _python_model(repo, "twice", PY_CONFIG.format(name="twice")
+                  + 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] },'
+                  + ' { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')  # fmt: skip
+    build_onnx_add_mul(repo / "onnx_io" / "1" / "model.onnx")
+    _write(repo / "onnx_io" / "config.pbtxt",
+           ADD_MUL.format(name="onnx_io", second="INPUT_1", dtype="TYPE_INT32"))
+    build_onnx_add_mul(repo / "onnx_type" / "1" / "model.onnx")
+    _write(repo / "onnx_type" / "config.pbtxt",
+           ADD_MUL.format(name="onnx_type", second="INPUT1", dtype="TYPE_INT32"))
+    _fixed_batch_onnx(repo / "nobatch" / "1" / "model.onnx")
+    _write(repo / "nobatch" / "config.pbtxt",
+           ADD_MUL.format(name="nobatch", second="INPUT1", dtype="TYPE_FP32"))
+    shutil.copytree(EXAMPLES / "tiny_cnn", repo / "cnn")
+    config = (repo / "cnn" / "config.pbtxt").read_text().replace('"tiny_cnn"', '"cnn"')
+    _write(repo / "cnn" / "config.pbtxt", config.replace(
+        "input [", 'input [\n  { name: "EXTRA__1" data_type: TYPE_FP32 dims: [ 1 ] },'))
+    _write(repo / "pipeline" / "config.pbtxt", """name: "pipeline"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "nosuch" model_version: -1 input_map { key: "A" value: "IN" }
+    output_map { key: "B" value: "MID" } },
+  { model_name: "typo" model_version: -1 input_map { key: "A" value: "LOST" }
+    output_map { key: "B" value: "OUT" } } ] }
+""")
+    (repo / "pipeline" / "1").mkdir()
+    return repo
+
+
+def _lines(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analyzer", "check", "--model-repository",
+                           str(repo), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_every_broken_case_is_one_line_with_its_fix(broken: Path):
+    run = _lines(broken)
+    assert run.returncode == 1, run.stdout + run.stderr
+    text = run.stdout
+    expected = [
+        "bert/1/config.pbtxt: config.pbtxt sits inside a version folder, where Triton does not "
+        "read it; move bert/1/config.pbtxt to bert/config.pbtxt",
+        "loose: has no numeric version folder; move loose/model.py into loose/1/",
+        "misnamed/config.pbtxt: field 'name' is 'other' but the model folder is 'misnamed'",
+        "typo/config.pbtxt, line 3: unknown field 'max_batch_sizes' in ModelConfig; did you mean "
+        "'max_batch_size'?",
+        "warning: ",  # KIND_GPU on this host without a GPU
+        "nofile/1/model.py: is missing (python's model file)",
+        "badpy/1/model.py, line 1: does not compile",
+        "twice/config.pbtxt: input 'X' is declared 2 times",
+        "onnx_io/config.pbtxt: input 'INPUT_1' is not an input of model.onnx; did you mean "
+        "'INPUT1'?",
+        "onnx_type/config.pbtxt: input 'INPUT1' is TYPE_INT32 but the model's is TYPE_FP32; "
+        "write data_type: TYPE_FP32",
+        "cnn/config.pbtxt: declares 2 input(s) but forward() of model.pt takes 1",
+        "nobatch/config.pbtxt: max_batch_size is > 0 but input 'INPUT0' of the model has a fixed "
+        "first dimension (2): no batch dimension; set max_batch_size: 0",
+        "pipeline/config.pbtxt, step 1 ('nosuch'): names model 'nosuch', which is not in the "
+        "repository",
+        "pipeline/config.pbtxt, step 2 ('typo'): input_map value 'LOST' is neither an ensemble "
+        "input nor an earlier step's output_map value",
+    ]
+    for line in expected:
+        assert line in text, f"missing: {line}\n---\n{text}"
+    assert "gpu/config.pbtxt: instance_group[0] is KIND_GPU and this host has no GPU" in text
+    report = json.loads(_lines(broken, "--json").stdout)
+    assert report["ok"] is False
+    assert {f["severity"] for f in report["findings"]} == {"error", "warning"}
+
+
+def test_a_clean_repository_passes():
+    for repo in (EXAMPLES, EXAMPLES.parent / "ensemble_repository"):
+        run = _lines(repo)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "no problems found" in run.stdout
+
+
+def test_a_model_folder_given_as_the_repository(tmp_path: Path):
+    """The seed's mistake: Triton looked for /mnt/models/1/config.pbtxt."""
+    shutil.copytree(EXAMPLES / "tiny_cnn", tmp_path / "tiny_cnn")
+    run = _lines(tmp_path / "tiny_cnn")
+    assert run.returncode == 1
+    assert "is a model folder (it holds config.pbtxt), not a repository of model folders" in (
+        run.stdout)
+    assert "REPO/tiny_cnn/config.pbtxt and REPO/tiny_cnn/1/" in run.stdout
+
+
+def test_only_the_models_asked_and_what_their_ensembles_call(broken: Path):
+    findings = check_repository(broken, ["pipeline"], gpus=0)
+    paths = {f.path.split("/repo/")[-1].split(",")[0] for f in findings}
+    assert paths == {"pipeline/config.pbtxt", "typo/config.pbtxt"}  # typo: a step of pipeline
+    assert check_repository(broken, ["gpu"], gpus=1) == []  # the warning is for hosts without
+
+
+def test_bad_usage_exits_2(tmp_path: Path):
+    run = _lines(tmp_path / "missing")
+    assert run.returncode == 2
+    assert "does not exist or is not a directory" in run.stderr
+
+
+def test_profile_refuses_a_broken_model_with_the_same_lines(broken: Path, tmp_path: Path):
+    run = subprocess.run(
+        [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(broken),
+         "--profile-models", "typo", "--output-model-repository-path", str(tmp_path / "OUT"),
+         "--export-path", str(tmp_path / "EXP")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    text = " ".join((run.stdout + run.stderr).split())
+    assert "unknown field 'max_batch_sizes' in ModelConfig; did you mean 'max_batch_size'?" in text
+    assert not list((tmp_path / "OUT").glob("typo*"))  # refused before a variant was made
+    assert "starting the worker" not in run.stdout
