@@ -16,6 +16,7 @@ from analyzer.worker.batcher import Deliver, Scheduler
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest
 from analyzer.worker.stats import ModelStats
+from analyzer.worker.warmup import WarmupSample
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,8 @@ class InstanceRunner:
         scheduler: Scheduler,
         stats: ModelStats,
         deliver: Deliver,
+        warmup: list[WarmupSample] | None = None,
+        max_batch: int = 1,
     ):
         self.spec = spec
         self.instance = instance
@@ -42,6 +45,11 @@ class InstanceRunner:
         self._batch_lock = threading.Lock()
         self._batch: list[InferRequest] | None = None
         self._abandoned: InferError | None = None
+        # model_warmup: run on this thread before the first batch; the load waits for `warmed`
+        self.warmup = warmup or []
+        self.max_batch = max_batch
+        self.warmed = threading.Event()
+        self.warmup_error: str | None = None
 
     def start(self) -> None:
         self.thread.start()
@@ -51,7 +59,15 @@ class InstanceRunner:
 
     def _run(self) -> None:
         sched.normal_policy()  # not the event loop's: a model thread is the one to favour
-        self.instance.thread_init()
+        try:
+            self.instance.thread_init()
+            self._warm_up()
+        except Exception as err:  # noqa: BLE001 - the load reports it
+            self.warmup_error = f"{type(err).__name__}: {err}"
+        finally:
+            self.warmed.set()
+        if self.warmup_error is not None:
+            return
         while True:
             batch = self.scheduler.next_batch()
             if batch is None:
@@ -64,6 +80,39 @@ class InstanceRunner:
                 self._fail(batch, abandoned)
                 return
             self._execute(batch)
+
+    def _warm_up(self) -> None:
+        """Each warm-up sample, `count` times, straight on this instance (no queue: nothing else
+        reaches a model before it is READY), counted in the statistics as Triton counts them."""
+        for sample in self.warmup:
+            start = time.perf_counter()
+            for _ in range(sample.count):
+                requests = sample.make_requests(self.stats.name)
+                for at in range(0, len(requests), self.max_batch):
+                    error = self._warm_batch(requests[at : at + self.max_batch])
+                    if error is not None:
+                        self.warmup_error = f"failed to run warmup sample '{sample.name}': {error}"
+                        return
+            log.info("model '%s' instance %s ran warmup sample '%s' %d time(s) in %.1f ms",
+                     self.stats.name, self.spec.name, sample.name, sample.count,
+                     (time.perf_counter() - start) * 1e3)  # fmt: skip
+
+    def _warm_batch(self, batch: list[InferRequest]) -> Exception | None:
+        now = time.perf_counter_ns()
+        for request in batch:
+            request.arrival_ns = request.queue_start_ns = now
+        timing = BatchTiming(compute_start_ns=now)
+        try:
+            results = self.instance.execute(batch, timing)
+        except Exception as err:  # noqa: BLE001 - the sample failed: the load says why
+            results = [err] * len(batch)
+        ok: list[InferRequest] = []
+        failed: list[InferRequest] = []
+        for request, result in zip(batch, results, strict=True):
+            (failed if isinstance(result, Exception) else ok).append(request)
+        self.stats.record_batch(ok, failed, timing)
+        errors = [result for result in results if isinstance(result, Exception)]
+        return errors[0] if errors else None
 
     def abandon(self, error: InferError) -> None:
         """Answer the batch in flight with `error`; whatever the instance returns later is dropped.

@@ -21,6 +21,7 @@ from analyzer.worker.request import InferRequest
 from analyzer.worker.sequence import SequenceScheduler
 from analyzer.worker.stats import ModelStats
 from analyzer.worker.validate import RequestValidator
+from analyzer.worker.warmup import warmup_samples
 
 log = logging.getLogger(__name__)
 KIND = model_config_pb2.ModelInstanceGroup.Kind
@@ -76,14 +77,21 @@ class ModelVersion:
         specs = instance_specs(self.config, self.backend.gpu_capable(), self.max_instance_count)
         if sequences is not None:
             sequences.set_instances(len(specs))
+        samples = warmup_samples(self.config, self.source.path)
         try:
             for index, spec in enumerate(specs):
                 instance = self.backend.create_instance(self.source, self.version, spec)
                 lane = sequences.lane(index) if sequences is not None else self.scheduler
-                runner = InstanceRunner(spec, instance, lane, self.stats, self._deliver)
+                runner = InstanceRunner(spec, instance, lane, self.stats, self._deliver,
+                                        samples, max(self.config.max_batch_size, 1))  # fmt: skip
                 self.runners.append(runner)
             for runner in self.runners:
                 runner.start()
+            for runner in self.runners:  # READY only once every instance ran its warm-up
+                runner.warmed.wait()
+                if runner.warmup_error is not None:
+                    raise ValueError(f"model '{self.name}' instance {runner.spec.name}: "
+                                     f"{runner.warmup_error}")  # fmt: skip
         except BaseException:
             self.unload()
             raise
