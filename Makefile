@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test venv lint clean docker-image
 
 $(STAMP): pyproject.toml scripts/setup_venv.sh scripts/install_perf_analyzer.sh scripts/install_ma_peer.sh \
+		scripts/install_kserve_peer.sh \
 		scripts/install_system_packages.sh
 	PYTHON=$(PYTHON) bash scripts/setup_venv.sh $(VENV)
 	touch $(STAMP)

@@ -12,7 +12,9 @@ import typer
 from typer.core import TyperGroup
 
 from analyzer.commands.check import check
+from analyzer.commands.export import export
 from analyzer.commands.perf import perf
+from analyzer.commands.plan import plan
 from analyzer.commands.profile import profile
 from analyzer.commands.report import report
 from analyzer.commands.serve import serve
@@ -56,6 +58,8 @@ app.command(no_args_is_help=True)(perf)
 app.command(cls=ProfileCommand, context_settings={"help_option_names": ["-h", "--help"]})(profile)
 app.command()(report)
 app.command(no_args_is_help=True)(check)
+app.command(no_args_is_help=True)(plan)
+app.command(no_args_is_help=True)(export)
 
 
 def _version(asked: bool) -> None:

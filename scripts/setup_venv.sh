@@ -12,4 +12,5 @@ command -v "$python" >/dev/null || python=python3
 "$venv/bin/python" -m pip install -q -e ".[test]"
 bash scripts/install_perf_analyzer.sh "$venv"
 bash scripts/install_ma_peer.sh "$venv"
+bash scripts/install_kserve_peer.sh "$venv"
 bash scripts/install_system_packages.sh

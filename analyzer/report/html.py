@@ -182,8 +182,19 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
         measured_configs=len(measured),
         pareto=model.get("pareto_objectives") or [],
         pareto_configs=[c["name"] for c in ranked if c.get("pareto_optimal")],
+        plan=_plan(out.parent, model["name"]),
     ))  # fmt: skip
     return [summary, *written]
+
+
+def _plan(export_path: Path, model: str) -> dict[str, Any] | None:
+    """The model's capacity plan (`model-analyzer plan`), when one was made for this run."""
+    try:
+        document = json.loads((export_path / "results" / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+    rows = (document.get("models") or {}).get(model)
+    return {"settings": document["settings"], "rows": rows} if rows else None
 
 
 def _summary_figures(model: dict[str, Any], measured: list[dict[str, Any]],
