@@ -74,3 +74,25 @@ def test_cpu_sampler_measures_a_busy_process_tree():
     assert summary.rss_mb > 5
     gone = CpuSampler(2**22 + 12345)
     assert not gone.available() and "cannot be read" in gone.summary(0, 1).reason
+
+
+def test_tritons_host_metric_flags(monkeypatch):
+    """--allow-cpu-metrics / --allow-gpu-metrics turn families off; --metrics-interval-ms reads
+    the host at most once an interval, every scrape between served the last reading."""
+    from analyzer.worker import metrics
+
+    reads = []
+    monkeypatch.setattr(metrics, "_cpu_lines", lambda: reads.append("cpu") or ["nv_cpu_x 1"])
+    monkeypatch.setattr(metrics, "_gpu_lines", lambda: reads.append("gpu") or ["nv_gpu_x 1"])
+    assert "nv_cpu_x" not in metrics.render_metrics([], metrics.HostMetrics(cpu=False))
+    assert "nv_gpu_x" not in metrics.render_metrics([], metrics.HostMetrics(gpu=False))
+    reads.clear()
+    every = metrics.HostMetrics()
+    for _ in range(3):
+        assert "nv_cpu_x 1" in metrics.render_metrics([], every)
+    assert reads.count("cpu") == 3  # the default here: read at every scrape
+    reads.clear()
+    cached = metrics.HostMetrics(interval_ms=60_000)
+    for _ in range(3):
+        assert "nv_gpu_x 1" in metrics.render_metrics([], cached)
+    assert reads == ["cpu", "gpu"]  # once in the interval

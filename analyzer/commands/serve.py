@@ -56,6 +56,16 @@ def serve(
     allow_http: Annotated[str, typer.Option(help="true or false.")] = "true",
     allow_grpc: Annotated[str, typer.Option(help="true or false.")] = "true",
     allow_metrics: Annotated[str, typer.Option(help="true or false.")] = "true",
+    allow_gpu_metrics: Annotated[
+        str, typer.Option(help="false: no nv_gpu_* families (Triton's).")
+    ] = "true",
+    allow_cpu_metrics: Annotated[
+        str, typer.Option(help="false: no nv_cpu_* families (Triton's).")
+    ] = "true",
+    metrics_interval_ms: Annotated[
+        int, typer.Option(help="Read CPU and GPU metrics at most once this often, ms (Triton's; "
+                               "default 0 here: at every scrape).")
+    ] = 0,
     exit_on_error: Annotated[
         str, typer.Option(help="true: exit if a model fails to load at start.")
     ] = "true",
@@ -143,6 +153,9 @@ def serve(
         allow_http=_switch("--allow-http", allow_http),
         allow_grpc=_switch("--allow-grpc", allow_grpc),
         allow_metrics=_switch("--allow-metrics", allow_metrics),
+        cpu_metrics=_switch("--allow-cpu-metrics", allow_cpu_metrics),
+        gpu_metrics=_switch("--allow-gpu-metrics", allow_gpu_metrics),
+        metrics_interval_ms=_not_negative("--metrics-interval-ms", metrics_interval_ms),
         exit_on_error=_switch("--exit-on-error", exit_on_error),
         exit_on_stdin_eof=exit_on_stdin_eof,
         limits=_limits(more),
@@ -175,6 +188,12 @@ def _logging(verbose: int, info: str, warning: str, error: str, form: str,
     target = {"filename": str(file)} if file is not None else {}
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt=datefmt, **target)  # fmt: skip
+
+
+def _not_negative(flag: str, value: int) -> int:
+    if value < 0:
+        raise typer.BadParameter(f"{flag} must be 0 or more, got {value}")
+    return value
 
 
 def _positive(flag: str, value: float) -> float:

@@ -23,8 +23,8 @@ grpc-keepalive-permit-without-calls grpc-http2-max-pings-without-data
 grpc-http2-min-recv-ping-interval-without-data grpc-http2-max-ping-strikes
 grpc-max-connection-age grpc-max-connection-age-grace allow-sagemaker sagemaker-port
 sagemaker-safe-port-range sagemaker-thread-count allow-vertex-ai vertex-ai-port
-vertex-ai-thread-count vertex-ai-default-model allow-gpu-metrics allow-cpu-metrics
-metrics-address metrics-interval-ms metrics-config trace-config backend-directory backend-config
+vertex-ai-thread-count vertex-ai-default-model
+metrics-address metrics-config trace-config backend-directory backend-config
 repoagent-directory cache-config cache-directory rate-limit rate-limit-resource
 pinned-memory-pool-byte-size cuda-memory-pool-byte-size cuda-virtual-address-size
 min-supported-compute-capability buffer-management-thread-count host-policy model-load-gpu-limit

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 import psutil
@@ -82,7 +83,28 @@ def escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_metrics(models: list[ModelVersion]) -> str:
+class HostMetrics:
+    """The CPU and GPU families, as Triton's --allow-cpu-metrics / --allow-gpu-metrics and
+    --metrics-interval-ms ask: each family on or off, and read at most once an interval (the
+    last reading served between; 0, the default here: read at every scrape)."""
+
+    def __init__(self, cpu: bool = True, gpu: bool = True, interval_ms: int = 0) -> None:
+        self.cpu, self.gpu, self.interval_ns = cpu, gpu, interval_ms * 1_000_000
+        self._lines: list[str] = []
+        self._at = -1
+        self._lock = threading.Lock()
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            now = time.monotonic_ns()
+            if self._at < 0 or not self.interval_ns or now - self._at >= self.interval_ns:
+                self._lines = (_cpu_lines() if self.cpu else []) + (
+                    _gpu_lines() if self.gpu else [])
+                self._at = now
+            return self._lines
+
+
+def render_metrics(models: list[ModelVersion], host: HostMetrics | None = None) -> str:
     lines: list[str] = []
     rows = [
         (f'{{model="{escape_label(m.name)}",version="{m.version}"}} ', _model_values(m))
@@ -90,8 +112,7 @@ def render_metrics(models: list[ModelVersion]) -> str:
     ]
     for i, name in enumerate(_MODEL_FAMILIES):
         lines += _family(name, [labels + str(values[i]) for labels, values in rows])
-    lines.extend(_cpu_lines())
-    lines.extend(_gpu_lines())
+    lines.extend((host or _ALL).lines())
     return "\n".join(lines) + "\n"
 
 
@@ -123,6 +144,7 @@ class _Nvml:
 
 
 _nvml = _Nvml()
+_ALL = HostMetrics()
 
 
 def _gpu_lines() -> list[str]:

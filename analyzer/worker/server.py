@@ -29,7 +29,7 @@ from analyzer.worker.http_server import start_http_server
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.memory import tune_malloc
-from analyzer.worker.metrics import MetricsServer, render_metrics
+from analyzer.worker.metrics import HostMetrics, MetricsServer, render_metrics
 from analyzer.worker.shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,10 @@ class ServeOptions:
     # the event loop yields the core to model threads instead of preempting them (sched.py)
     loop_yields: bool = True
     auto_complete: bool = True  # Triton's auto-complete of a model's config by its backend
+    # Triton's --allow-cpu-metrics / --allow-gpu-metrics / --metrics-interval-ms (0: each scrape)
+    cpu_metrics: bool = True
+    gpu_metrics: bool = True
+    metrics_interval_ms: int = 0
     repository_poll_secs: float = 15.0  # poll mode: seconds between looks at the repository
 
 
@@ -108,8 +112,9 @@ class Worker:
             if opts.allow_http:
                 await self._listen("http", self.api, opts.http_port)
             if opts.allow_metrics:
+                host = HostMetrics(opts.cpu_metrics, opts.gpu_metrics, opts.metrics_interval_ms)
                 self.metrics = MetricsServer(
-                    lambda: render_metrics(self.manager.loaded()),
+                    lambda: render_metrics(self.manager.loaded(), host),
                     opts.host, opts.metrics_port, opts.limits,
                 )  # fmt: skip
                 self.ports["metrics"] = await loop.run_in_executor(None, self.metrics.start)
