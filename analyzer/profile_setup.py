@@ -30,6 +30,7 @@ from analyzer.search.ledger import redact_url
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import SearchSpace
+from analyzer.tls import client_tls
 
 
 def check_objectives(config: ProfileConfig) -> None:
@@ -135,6 +136,7 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
         streaming=_flag_bool(flags.get("streaming", False), "streaming"),
         headers=parse_headers(_as_list(flags.get("http-header")),
                               "perf_analyzer_flags http-header"),
+        ssl=client_tls(flags, "perf_analyzer_flags "),
     )
     return settings, options
 

@@ -157,7 +157,9 @@ class WorkerSession:
             launcher.load_variant(served, result.config_text)
             self.loaded, self.loaded_as = result.name, served
         url = launcher.grpc_url if options.protocol == "grpc" else launcher.http_url
-        control = control_client(options.protocol, url, served, headers=options.headers)
+        opts = dataclasses.replace(options, model=served, url=url)
+        control = control_client(options.protocol, url, served, headers=options.headers,
+                                 tls=opts.tls)  # fmt: skip
         try:
             key = (result.name, trial.batch_size, options.protocol)
             if self.payload_key != key:
@@ -173,7 +175,7 @@ class WorkerSession:
                     processes = max(1, self.config.client_processes)
                     self.client = LoadClient(options.protocol, url, payloads, processes,
                                              self.config.seed, sequence, stream,
-                                             options.headers)  # fmt: skip
+                                             options.headers, opts.tls)  # fmt: skip
                     self.client.start()
                 else:
                     self.client.set_payloads(payloads, sequence, stream)

@@ -112,6 +112,33 @@ def perf(
     streaming: Annotated[
         bool, typer.Option(help="gRPC ModelStreamInfer streams (decoupled models always).")
     ] = False,
+    ssl_grpc_use_ssl: Annotated[bool, typer.Option(help="gRPC over TLS.")] = False,
+    ssl_grpc_root_certifications_file: Annotated[
+        str, typer.Option(help="PEM CA certificate(s) to verify the gRPC server with.")
+    ] = "",
+    ssl_grpc_private_key_file: Annotated[
+        str, typer.Option(help="PEM private key of the client certificate (mutual TLS).")
+    ] = "",
+    ssl_grpc_certificate_chain_file: Annotated[
+        str, typer.Option(help="PEM client certificate chain (mutual TLS).")
+    ] = "",
+    ssl_https_verify_peer: Annotated[
+        int, typer.Option(help="1: verify the HTTPS server's certificate; 0: do not.")
+    ] = 1,
+    ssl_https_verify_host: Annotated[
+        int, typer.Option(help="2 or 1: check the certificate names the host; 0: do not.")
+    ] = 2,
+    ssl_https_ca_certificates_file: Annotated[
+        str, typer.Option(help="PEM CA certificate(s) to verify the HTTPS server with.")
+    ] = "",
+    ssl_https_client_certificate_type: Annotated[str, typer.Option(help="PEM only.")] = "PEM",
+    ssl_https_client_certificate_file: Annotated[
+        str, typer.Option(help="PEM client certificate (mutual TLS).")
+    ] = "",
+    ssl_https_private_key_type: Annotated[str, typer.Option(help="PEM only.")] = "PEM",
+    ssl_https_private_key_file: Annotated[
+        str, typer.Option(help="PEM private key of the client certificate.")
+    ] = "",
     http_header: Annotated[
         list[str] | None,
         typer.Option("-H", "--http-header", help="NAME:VALUE header (gRPC metadata); repeatable."),
@@ -125,6 +152,7 @@ def perf(
     from analyzer.loadgen.payload import parse_headers
     from analyzer.loadgen.perf import PerfOptions, parse_range
     from analyzer.loadgen.sequences import SequenceOptions, parse_id_range
+    from analyzer.tls import client_tls
 
     err = make_console(stderr=True)
     rates = bool(request_rate_range)
@@ -157,6 +185,19 @@ def perf(
             client_processes=client_processes, server_pid=server_pid, gpus=list(gpus or []),
             monitor_interval_s=monitor_interval_ms / 1000.0, seed=seed, sequence=sequence,
             streaming=streaming, headers=parse_headers(http_header or []),
+            ssl=client_tls({
+                "ssl-grpc-use-ssl": ssl_grpc_use_ssl or "",
+                "ssl-grpc-root-certifications-file": ssl_grpc_root_certifications_file,
+                "ssl-grpc-private-key-file": ssl_grpc_private_key_file,
+                "ssl-grpc-certificate-chain-file": ssl_grpc_certificate_chain_file,
+                "ssl-https-verify-peer": ssl_https_verify_peer,
+                "ssl-https-verify-host": ssl_https_verify_host,
+                "ssl-https-ca-certificates-file": ssl_https_ca_certificates_file,
+                "ssl-https-client-certificate-type": ssl_https_client_certificate_type,
+                "ssl-https-client-certificate-file": ssl_https_client_certificate_file,
+                "ssl-https-private-key-type": ssl_https_private_key_type,
+                "ssl-https-private-key-file": ssl_https_private_key_file,
+            }, "--"),
         )  # fmt: skip
     except AnalyzerError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)

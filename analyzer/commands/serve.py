@@ -16,6 +16,7 @@ import typer
 
 from analyzer.commands import triton_flags
 from analyzer.config.values import parse_bool
+from analyzer.tls import ServerTls, TlsError
 from analyzer.worker.limits import Limits, parse_size, size_text
 
 
@@ -62,6 +63,20 @@ def serve(
     allow_cpu_metrics: Annotated[
         str, typer.Option(help="false: no nv_cpu_* families (Triton's).")
     ] = "true",
+    grpc_use_ssl: Annotated[
+        str, typer.Option(help="true: gRPC over TLS with --grpc-server-cert/-key (Triton's).")
+    ] = "false",
+    grpc_use_ssl_mutual: Annotated[
+        str, typer.Option(help="true: TLS, and clients must present a certificate signed by "
+                               "--grpc-root-cert (Triton's).")
+    ] = "false",
+    grpc_server_cert: Annotated[
+        str, typer.Option(help="PEM certificate (chain) of the gRPC endpoint.")
+    ] = "",
+    grpc_server_key: Annotated[str, typer.Option(help="PEM private key of that certificate.")] = "",
+    grpc_root_cert: Annotated[
+        str, typer.Option(help="PEM CA certificate that signs the clients' (mutual TLS).")
+    ] = "",
     metrics_interval_ms: Annotated[
         int, typer.Option(help="Read CPU and GPU metrics at most once this often, ms (Triton's; "
                                "default 0 here: at every scrape).")
@@ -156,6 +171,8 @@ def serve(
         cpu_metrics=_switch("--allow-cpu-metrics", allow_cpu_metrics),
         gpu_metrics=_switch("--allow-gpu-metrics", allow_gpu_metrics),
         metrics_interval_ms=_not_negative("--metrics-interval-ms", metrics_interval_ms),
+        grpc_tls=_grpc_tls(grpc_use_ssl, grpc_use_ssl_mutual, grpc_server_cert, grpc_server_key,
+                           grpc_root_cert),
         exit_on_error=_switch("--exit-on-error", exit_on_error),
         exit_on_stdin_eof=exit_on_stdin_eof,
         limits=_limits(more),
@@ -188,6 +205,21 @@ def _logging(verbose: int, info: str, warning: str, error: str, form: str,
     target = {"filename": str(file)} if file is not None else {}
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt=datefmt, **target)  # fmt: skip
+
+
+def _grpc_tls(use: str, mutual: str, cert: str, key: str, root: str) -> ServerTls | None:
+    """tritonserver's gRPC TLS flags, checked here so that a bad file is one sentence at start."""
+    mutual_on = _switch("--grpc-use-ssl-mutual", mutual)
+    if not (_switch("--grpc-use-ssl", use) or mutual_on):
+        return None
+    if not cert or not key:
+        raise typer.BadParameter("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    tls = ServerTls(cert, key, root, mutual_on)
+    try:
+        tls.context()
+    except TlsError as err:
+        raise typer.BadParameter(str(err)) from None
+    return tls
 
 
 def _not_negative(flag: str, value: int) -> int:

@@ -16,8 +16,7 @@ NO_EFFECT = """
 id model-store
 strict-readiness model-load-thread-count model-load-retry-count
 model-namespacing reuse-http-port http-header-forward-pattern http-thread-count grpc-address
-reuse-grpc-port grpc-header-forward-pattern grpc-infer-allocation-pool-size grpc-use-ssl
-grpc-use-ssl-mutual grpc-server-cert grpc-server-key grpc-root-cert
+reuse-grpc-port grpc-header-forward-pattern grpc-infer-allocation-pool-size
 grpc-infer-response-compression-level grpc-keepalive-time grpc-keepalive-timeout
 grpc-keepalive-permit-without-calls grpc-http2-max-pings-without-data
 grpc-http2-min-recv-ping-interval-without-data grpc-http2-max-ping-strikes

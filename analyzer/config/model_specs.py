@@ -8,6 +8,7 @@ from typing import Any
 
 from analyzer.config.values import BY_NAME, ProfileConfigError, as_list, convert
 from analyzer.metrics import DIRECTIONS
+from analyzer.tls import SSL_FLAGS
 
 _MODEL_KEYS = {
     "cpu_only", "parameters", "objectives", "constraints", "weighting",
@@ -21,7 +22,7 @@ PERF_FLAGS = {
     "shape", "input-data", "measurement-mode", "measurement-interval", "measurement-request-count",
     "stability-percentage", "max-trials", "percentile", "request-distribution", "string-length",
     "protocol", "batch-size", "num-of-sequences", "sequence-length", "sequence-id-range",
-    "streaming", "http-header",
+    "streaming", "http-header", *SSL_FLAGS,
 }  # fmt: skip
 
 
@@ -92,7 +93,6 @@ def constraints(value: Any, where: str) -> dict[str, dict[str, float]]:
 
 
 _SET_PER_POINT = "the profiler sets it for each point"
-_NO_TLS = "the load generator speaks plain HTTP/gRPC to a worker on this host or network"
 # MA 1.58's other perf_analyzer_flags keys: accepted, each with what happens instead
 PERF_FLAG_NOTES = {
     "async": "requests are always sent asynchronously, a closed loop at the load asked",
@@ -124,12 +124,6 @@ PERF_FLAG_NOTES = {
     "model-name": _SET_PER_POINT, "model-version": _SET_PER_POINT, "url": _SET_PER_POINT,
     "latency-report-file": "results go to EXPORT_PATH/results",
     "verbose": "use -v", "extra-verbose": "use -v", "verbose-csv": "use -v",
-    **{key: _NO_TLS for key in (
-        "ssl-grpc-use-ssl", "ssl-grpc-root-certifications-file", "ssl-grpc-private-key-file",
-        "ssl-grpc-certificate-chain-file", "ssl-https-verify-peer", "ssl-https-verify-host",
-        "ssl-https-ca-certificates-file", "ssl-https-client-certificate-type",
-        "ssl-https-client-certificate-file", "ssl-https-private-key-type",
-        "ssl-https-private-key-file")},
 }  # fmt: skip
 
 

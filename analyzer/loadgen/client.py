@@ -20,6 +20,7 @@ from analyzer.loadgen.control import ServerError, split_url
 from analyzer.loadgen.records import Records, recv_message, send_message
 from analyzer.loadgen.sequences import SequenceOptions
 from analyzer.loadgen.shard import ShardConfig
+from analyzer.tls import ClientTls
 
 _SLOTS_PER_SHARD = 1 << 32  # slot ids of shard k start at k << 32: unique once merged
 
@@ -58,6 +59,7 @@ class LoadClient:
         sequence: SequenceOptions | None = None,
         stream: str | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        tls: ClientTls | None = None,
     ) -> None:
         self.protocol = protocol
         self.url = url
@@ -67,6 +69,7 @@ class LoadClient:
         self.sequence = sequence
         self.stream = stream  # gRPC streams: "stream" (--streaming) or "decoupled"; None: unary
         self.headers = headers  # gRPC metadata on every call (HTTP's are in the payloads)
+        self.tls = tls
         # shard k draws sequence ids k, k + stride, ...: the most shards this client may grow to
         # (one per core of the machine at most)
         self.stride = max(self.processes, os.cpu_count() or 1)
@@ -95,7 +98,8 @@ class LoadClient:
     def _config(self, host: str, port: int, index: int) -> ShardConfig:
         return ShardConfig(self.protocol, host, port, self.payloads, seed=self.seed + 7919 * index,
                            sequence=self.sequence, index=index, stride=self.stride,
-                           stream=self.stream, headers=self.headers)  # fmt: skip
+                           stream=self.stream, headers=self.headers,
+                           tls=self.tls)  # fmt: skip
 
     @staticmethod
     def _spawn(config: ShardConfig) -> ShardState:

@@ -12,6 +12,8 @@ import json
 from abc import ABC, abstractmethod
 from typing import Any
 
+from analyzer.tls import ClientTls
+
 
 class ServerError(RuntimeError):
     """The server could not be reached or refused a control call; the message says which."""
@@ -55,10 +57,16 @@ class ControlClient(ABC):
 
 
 class HttpControl(ControlClient):
-    def __init__(self, url: str, model: str, version: str = "", headers=(), timeout=30.0):
+    def __init__(self, url: str, model: str, version: str = "", headers=(), timeout=30.0,
+                 tls: ClientTls | None = None):  # fmt: skip
         super().__init__(url, model, version, headers)
         self.host, self.port = split_url(url, 8000)
-        self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        if url.startswith("https://"):
+            context = (tls or ClientTls()).context("http")
+            self._conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self.host, self.port, timeout=timeout, context=context)
+        else:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def _model_path(self) -> str:
         base = f"/v2/models/{self.model}"
@@ -106,7 +114,8 @@ class HttpControl(ControlClient):
 
 
 class GrpcControl(ControlClient):
-    def __init__(self, url: str, model: str, version: str = "", headers=(), timeout=30.0):
+    def __init__(self, url: str, model: str, version: str = "", headers=(), timeout=30.0,
+                 tls: ClientTls | None = None):  # fmt: skip
         import grpc
         from tritonclient.grpc import service_pb2_grpc
 
@@ -114,7 +123,9 @@ class GrpcControl(ControlClient):
         self._metadata = tuple((name.lower(), value) for name, value in headers)
         host, port = split_url(url, 8001)
         self._grpc = grpc
-        self._channel = grpc.insecure_channel(f"{host}:{port}")
+        target = f"{host}:{port}"
+        self._channel = (grpc.secure_channel(target, tls.grpc_credentials())
+                         if tls is not None and tls.grpc else grpc.insecure_channel(target))
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._timeout = timeout
 
@@ -166,11 +177,12 @@ class GrpcControl(ControlClient):
 
 
 def control_client(
-    protocol: str, url: str, model: str, version: str = "", headers=()
-) -> ControlClient:
+    protocol: str, url: str, model: str, version: str = "", headers=(),
+    tls: ClientTls | None = None,
+) -> ControlClient:  # fmt: skip
     if protocol == "http":
-        return HttpControl(url, model, version, headers)
+        return HttpControl(url, model, version, headers, tls=tls)
     if protocol == "grpc":
-        return GrpcControl(url, model, version, headers)
+        return GrpcControl(url, model, version, headers, tls=tls)
     raise ServerError(f"-i {protocol}: the protocol must be http or grpc")
 

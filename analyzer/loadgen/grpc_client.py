@@ -247,7 +247,8 @@ class GrpcConnection(CallStreams):
         return found
 
 
-async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10, headers=()):
+async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10, headers=(),
+                  tls=None):  # fmt: skip
     """An open connection whose SETTINGS exchange is done. (asyncio.timeout, not wait_for: in
     Python 3.11 wait_for can swallow a cancellation that races a fast failure, and a shard whose
     parent left then spun reconnecting to a stopped server instead of ending.)"""
@@ -257,8 +258,9 @@ async def connect(host: str, port: int, clock, on_lost=None, timeout: float = 10
     try:
         async with asyncio.timeout(timeout):
             _, conn = await loop.create_connection(
-                lambda: GrpcConnection(authority, clock, on_lost, headers), host, port
-            )
+                lambda: GrpcConnection(authority, clock, on_lost, headers), host, port,
+                ssl=tls, server_hostname=host if tls is not None else None,
+            )  # fmt: skip
             await conn.ready
     except BaseException:
         if conn is not None:

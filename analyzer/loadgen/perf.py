@@ -26,6 +26,7 @@ from analyzer.loadgen.server_stats import composing_models
 from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
+from analyzer.tls import ClientTls
 
 
 @dataclass
@@ -52,6 +53,14 @@ class PerfOptions:
     sequence: SequenceOptions = field(default_factory=SequenceOptions)
     streaming: bool = False  # gRPC ModelStreamInfer (perf_analyzer's --streaming)
     headers: tuple[tuple[str, str], ...] = ()  # -H: HTTP headers, or gRPC metadata
+    ssl: ClientTls | None = None  # perf_analyzer's --ssl-* flags
+
+    @property
+    def tls(self) -> ClientTls | None:
+        """TLS to the server: gRPC with --ssl-grpc-use-ssl, HTTP with an https:// URL."""
+        if self.protocol == "grpc":
+            return self.ssl if self.ssl is not None and self.ssl.grpc else None
+        return (self.ssl or ClientTls()) if self.url.startswith("https://") else None
 
     @property
     def mode(self) -> str:
@@ -138,7 +147,7 @@ def run_perf(
 ) -> Iterator[PerfPoint]:
     """Yield one PerfPoint per load level; stops early past the latency threshold."""
     control = control_client(options.protocol, options.url, options.model, options.version,
-                             options.headers)  # fmt: skip
+                             options.headers, options.tls)  # fmt: skip
     samplers: dict[str, Sampler] = {}
     try:
         server = control.server_metadata()
@@ -157,7 +166,7 @@ def run_perf(
         auto = options.client_processes <= 0
         with LoadClient(
             options.protocol, options.url, payloads, max(1, options.client_processes),
-            options.seed, sequence, stream, options.headers,
+            options.seed, sequence, stream, options.headers, options.tls,
         ) as client:  # fmt: skip
             measurer = Measurer(
                 client, control, io.name, options.version, options.batch_size, options.settings,

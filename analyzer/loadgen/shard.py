@@ -31,6 +31,7 @@ from analyzer.loadgen.transports import (
     HttpTransport,
     Transport,
 )
+from analyzer.tls import ClientTls
 
 now_ns = time.monotonic_ns
 
@@ -51,6 +52,7 @@ class ShardConfig:
     stride: int = 1  # shard draws every stride-th sequence id
     stream: str | None = None  # gRPC streaming: "stream" (--streaming) or "decoupled"
     headers: tuple[tuple[str, str], ...] = ()  # gRPC metadata on every call (-H)
+    tls: ClientTls | None = None  # TLS to the server (perf_analyzer's --ssl-* flags)
 
 
 class Shard:
@@ -74,6 +76,8 @@ class Shard:
         self.errors: Counter[str] = Counter()
         self._reset_columns()
         self.slot_free = asyncio.Event()
+        # the TLS context, made here: an SSLContext does not cross the parent's pipe
+        self.tls = config.tls.context(config.protocol) if config.tls is not None else None
         self.stream = config.stream
         self.transport: Transport = self._transport()
 

@@ -121,9 +121,11 @@ class HttpTransport(Transport):
 
     async def _connect(self) -> HttpConnection:
         self.opened += 1
+        tls = self.shard.tls
         _, conn = await self.loop.create_connection(
-            lambda: HttpConnection(self._lost), self.config.host, self.config.port
-        )
+            lambda: HttpConnection(self._lost), self.config.host, self.config.port, ssl=tls,
+            server_hostname=self.config.host if tls is not None else None,
+        )  # fmt: skip
         return conn
 
     def _lost(self, conn: HttpConnection) -> None:
@@ -182,7 +184,8 @@ class GrpcTransport(Transport):
     async def _connect(self) -> GrpcConnection:
         self.opened += 1
         return await grpc_client.connect(self.config.host, self.config.port, now_ns,
-                                         headers=self.config.headers)  # fmt: skip
+                                         headers=self.config.headers,
+                                         tls=self.shard.tls)  # fmt: skip
 
     async def _conn(self, index: int) -> GrpcConnection:
         """The index-th connection, reopened once (one attempt shared by every call waiting on
@@ -265,10 +268,12 @@ class GrpcStreamTransport(Transport):
         import grpc
 
         self.opened += 1
-        self.channel = grpc.aio.insecure_channel(
-            f"{self.config.host}:{self.config.port}",
-            options=[("grpc.max_receive_message_length", -1),
-                     ("grpc.max_send_message_length", -1)],
+        target = f"{self.config.host}:{self.config.port}"
+        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        tls = self.config.tls
+        self.channel = (
+            grpc.aio.secure_channel(target, tls.grpc_credentials(), options=options)
+            if tls is not None else grpc.aio.insecure_channel(target, options=options)
         )  # fmt: skip
         self.method = self.channel.stream_stream(STREAM_PATH)  # bytes in, bytes out
         self.metadata = tuple((name.lower(), value) for name, value in self.config.headers)

@@ -26,6 +26,7 @@ grpc_state.py holds what a connection and a call keep.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 import traceback
 
@@ -74,8 +75,10 @@ class GrpcServer:
         port: int,
         limits: Limits | None = None,
         restrictions: Restrictions | None = None,
+        tls: ssl.SSLContext | None = None,
     ):
         self.limits = limits or Limits()
+        self.tls = tls  # --grpc-use-ssl: HTTP/2 over TLS (ALPN h2)
         self.service = InferenceService(manager, api, restrictions, self.limits)
         self.host, self.port = host, port
         self.server: asyncio.AbstractServer | None = None
@@ -87,7 +90,7 @@ class GrpcServer:
     async def start(self) -> int:
         self.loop = asyncio.get_running_loop()
         self.server = await self.loop.create_server(
-            lambda: _Connection(self), self.host, self.port, reuse_address=True
+            lambda: _Connection(self), self.host, self.port, reuse_address=True, ssl=self.tls
         )
         return self.server.sockets[0].getsockname()[1]
 

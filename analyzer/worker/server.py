@@ -23,6 +23,7 @@ import uvloop
 
 from analyzer import __version__
 from analyzer.repository.repository import RepositoryError
+from analyzer.tls import ServerTls
 from analyzer.worker import restrict, sched
 from analyzer.worker.http import RestApi
 from analyzer.worker.http_server import start_http_server
@@ -62,6 +63,7 @@ class ServeOptions:
     cpu_metrics: bool = True
     gpu_metrics: bool = True
     metrics_interval_ms: int = 0
+    grpc_tls: ServerTls | None = None  # tritonserver's --grpc-use-ssl and its files
     repository_poll_secs: float = 15.0  # poll mode: seconds between looks at the repository
 
 
@@ -124,6 +126,7 @@ class Worker:
                 self.grpc = GrpcServer(
                     self.manager, self.api, opts.host, opts.grpc_port,
                     limits=opts.limits, restrictions=grpc_rules,
+                    tls=opts.grpc_tls.context() if opts.grpc_tls else None,
                 )  # fmt: skip
                 self.ports["grpc"] = await self.grpc.start()
         except OSError as err:
