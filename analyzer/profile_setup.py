@@ -137,6 +137,8 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
         headers=parse_headers(_as_list(flags.get("http-header")),
                               "perf_analyzer_flags http-header"),
         ssl=client_tls(flags, "perf_analyzer_flags "),
+        shared_memory=str(flags.get("shared-memory", "none")),
+        output_shm_size=int(flags.get("output-shared-memory-size", 102400)),
     )
     return settings, options
 

@@ -27,8 +27,9 @@ from analyzer.loadgen.control import control_client
 from analyzer.loadgen.inputs import model_io
 from analyzer.loadgen.measure import Measurer, PerfPoint
 from analyzer.loadgen.output import point_text
-from analyzer.loadgen.perf import PerfOptions, encode_payloads, sequence_options, stream_mode
+from analyzer.loadgen.perf import PerfOptions, encode, sequence_options, stream_mode
 from analyzer.loadgen.server_stats import composing_models
+from analyzer.loadgen.shm import SharedTensors
 from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
@@ -65,6 +66,7 @@ class WorkerSession:
         # worker start it was loaded into)
         self.serving: dict[str, tuple[str, int]] = {}
         self.composing: list[str] = []  # the loaded variant's ensemble steps, for their stats
+        self.shared: SharedTensors | None = None  # --shared-memory system: the payloads' regions
         self.placement = Placement(None, None, "")  # CPU sets, planned when the run starts
 
     def _ensure_worker(self) -> Launcher:
@@ -78,6 +80,8 @@ class WorkerSession:
                 self.client, self.payload_key = None, None
             self.outcome.worker_starts += 1
             self.loaded = None
+            if self.shared is not None:  # a new worker knows no region: register them again
+                self.payload_key = None
             self._start_samplers()
         return launcher
 
@@ -170,7 +174,8 @@ class WorkerSession:
                                            batch_size=trial.batch_size)  # fmt: skip
                 sequence = sequence_options(opts, config)
                 stream = stream_mode(opts, config)
-                payloads = encode_payloads(opts, io, sequence is not None, stream == "decoupled")
+                self._drop_shared()
+                payloads, self.shared = encode(opts, io, sequence, stream)
                 if self.client is None:
                     processes = max(1, self.config.client_processes)
                     self.client = LoadClient(options.protocol, url, payloads, processes,
@@ -282,9 +287,15 @@ class WorkerSession:
             except LaunchError:
                 pass  # a worker that cannot unload is restarted by the next load if it died
 
+    def _drop_shared(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
+
     def shutdown(self) -> None:
         for sampler in self.samplers.values():
             sampler.stop()
+        self._drop_shared()
         if self.client is not None:
             self.client.close()
             self.client = None

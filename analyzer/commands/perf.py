@@ -112,6 +112,12 @@ def perf(
     streaming: Annotated[
         bool, typer.Option(help="gRPC ModelStreamInfer streams (decoupled models always).")
     ] = False,
+    shared_memory: Annotated[
+        str, typer.Option(help="none, or system: tensors in shared memory the server maps.")
+    ] = "none",
+    output_shared_memory_size: Annotated[
+        int, typer.Option(help="Bytes of shared memory per output (with --shared-memory).")
+    ] = 102400,
     ssl_grpc_use_ssl: Annotated[bool, typer.Option(help="gRPC over TLS.")] = False,
     ssl_grpc_root_certifications_file: Annotated[
         str, typer.Option(help="PEM CA certificate(s) to verify the gRPC server with.")
@@ -185,6 +191,7 @@ def perf(
             client_processes=client_processes, server_pid=server_pid, gpus=list(gpus or []),
             monitor_interval_s=monitor_interval_ms / 1000.0, seed=seed, sequence=sequence,
             streaming=streaming, headers=parse_headers(http_header or []),
+            shared_memory=shared_memory, output_shm_size=output_shared_memory_size,
             ssl=client_tls({
                 "ssl-grpc-use-ssl": ssl_grpc_use_ssl or "",
                 "ssl-grpc-root-certifications-file": ssl_grpc_root_certifications_file,

@@ -22,7 +22,7 @@ PERF_FLAGS = {
     "shape", "input-data", "measurement-mode", "measurement-interval", "measurement-request-count",
     "stability-percentage", "max-trials", "percentile", "request-distribution", "string-length",
     "protocol", "batch-size", "num-of-sequences", "sequence-length", "sequence-id-range",
-    "streaming", "http-header", *SSL_FLAGS,
+    "streaming", "http-header", "shared-memory", "output-shared-memory-size", *SSL_FLAGS,
 }  # fmt: skip
 
 
@@ -111,10 +111,6 @@ PERF_FLAG_NOTES = {
     "model-signature-name": "the worker is served over Triton's protocols (service kind triton)",
     "triton-server-directory": "the worker is served over Triton's protocols (no C API)",
     "model-repository": "the worker is served over Triton's protocols (no C API)",
-    "shared-memory": "tensors travel in the requests (the load generator does not use shared "
-                     "memory yet)",
-    "output-shared-memory-size": "tensors travel in the requests (the load generator does not use "
-                                 "shared memory yet)",
     "string-data": "string inputs are random of string-length",
     "grpc-compression-algorithm": "requests are not compressed",
     "collect-metrics": "GPU and CPU metrics are sampled by the profiler (monitoring_interval)",

@@ -52,6 +52,13 @@ class ControlClient(ABC):
     def model_stats(self, every_model: bool = False) -> dict[str, Any]:
         """The model's statistics; `every_model`: every model's (an ensemble's steps too)."""
 
+    @abstractmethod
+    def register_system_shm(self, name: str, key: str, byte_size: int) -> None:
+        """Register POSIX shm object `key` (offset 0, `byte_size` bytes) as region `name`."""
+
+    @abstractmethod
+    def unregister_system_shm(self, name: str) -> None: ...
+
     def close(self) -> None:  # noqa: B027 - most transports hold nothing to release
         """Release connections."""
 
@@ -72,17 +79,19 @@ class HttpControl(ControlClient):
         base = f"/v2/models/{self.model}"
         return f"{base}/versions/{self.version}" if self.version else base
 
-    def _get(self, path: str) -> dict[str, Any]:
+    def _get(self, path: str, body: dict | None = None) -> dict[str, Any]:
+        method = "GET" if body is None else "POST"
+        data = None if body is None else json.dumps(body).encode()
         for attempt in (0, 1):
             try:
-                self._conn.request("GET", path, headers=dict(self.headers))
+                self._conn.request(method, path, body=data, headers=dict(self.headers))
                 response = self._conn.getresponse()
                 body = response.read()
                 break
             except (http.client.HTTPException, ConnectionResetError, BrokenPipeError) as exc:
                 self._conn.close()  # a dropped keep-alive connection: one retry on a fresh one
                 if attempt:
-                    raise ServerError(f"GET {path} on {self.url} failed: {exc}") from None
+                    raise ServerError(f"{method} {path} on {self.url} failed: {exc}") from None
             except OSError as exc:
                 self._conn.close()
                 raise ServerError(
@@ -91,10 +100,10 @@ class HttpControl(ControlClient):
         try:
             data = json.loads(body) if body else {}
         except json.JSONDecodeError:
-            raise ServerError(f"GET {path} on {self.url} did not answer JSON") from None
+            raise ServerError(f"{method} {path} on {self.url} did not answer JSON") from None
         if response.status != 200:
             message = data.get("error", body.decode(errors="replace")) if data else response.reason
-            raise ServerError(f"GET {path} on {self.url}: {message}")
+            raise ServerError(f"{method} {path} on {self.url}: {message}")
         return data
 
     def server_metadata(self) -> dict[str, Any]:
@@ -108,6 +117,13 @@ class HttpControl(ControlClient):
 
     def model_stats(self, every_model: bool = False) -> dict[str, Any]:
         return self._get("/v2/models/stats" if every_model else self._model_path() + "/stats")
+
+    def register_system_shm(self, name: str, key: str, byte_size: int) -> None:
+        self._get(f"/v2/systemsharedmemory/region/{name}/register",
+                  {"key": key, "offset": 0, "byte_size": byte_size})  # fmt: skip
+
+    def unregister_system_shm(self, name: str) -> None:
+        self._get(f"/v2/systemsharedmemory/region/{name}/unregister", {})
 
     def close(self) -> None:
         self._conn.close()
@@ -171,6 +187,18 @@ class GrpcControl(ControlClient):
         if not every_model:
             request = service_pb2.ModelStatisticsRequest(name=self.model, version=self.version)
         return proto_to_dict(self._call("ModelStatistics", request))
+
+    def register_system_shm(self, name: str, key: str, byte_size: int) -> None:
+        from tritonclient.grpc import service_pb2
+
+        self._call("SystemSharedMemoryRegister", service_pb2.SystemSharedMemoryRegisterRequest(
+            name=name, key=key, offset=0, byte_size=byte_size))  # fmt: skip
+
+    def unregister_system_shm(self, name: str) -> None:
+        from tritonclient.grpc import service_pb2
+
+        self._call("SystemSharedMemoryUnregister",
+                   service_pb2.SystemSharedMemoryUnregisterRequest(name=name))  # fmt: skip
 
     def close(self) -> None:
         self._channel.close()

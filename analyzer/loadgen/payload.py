@@ -96,6 +96,45 @@ def http_request(
     return head + body
 
 
+def http_shm_request(
+    host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
+    placed: dict, outputs: dict, headers: Headers = (),
+) -> bytes:  # fmt: skip
+    """`http_request` whose tensors lie in registered shared memory (`placed`, `outputs`: name ->
+    shm.Placed): a JSON body naming the regions, no tensor bytes."""
+    body = json.dumps({
+        "inputs": [{"name": n, "shape": list(a.shape), "datatype": datatypes[n],
+                    "parameters": placed[n].parameters()} for n, a in tensors.items()],
+        "outputs": [{"name": n, "parameters": p.parameters()} for n, p in outputs.items()],
+    }, separators=(",", ":")).encode()  # fmt: skip
+    head = (f"{_http_head(host, model, version, headers)}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    return head + body
+
+
+def grpc_shm_request(
+    model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
+    placed: dict, outputs: dict, decoupled: bool = False,
+) -> bytes:  # fmt: skip
+    """`grpc_request` whose tensors lie in registered shared memory: no raw contents."""
+    request, _ = _grpc_parts(model, version, tensors, datatypes, decoupled)
+    for tensor in request.inputs:
+        _shm_parameters(tensor.parameters, placed[tensor.name].parameters())
+    for name, where in outputs.items():
+        wanted = request.outputs.add()
+        wanted.name = name
+        _shm_parameters(wanted.parameters, where.parameters())
+    return grpc_message(request.SerializeToString())
+
+
+def _shm_parameters(target, values: dict) -> None:
+    for key, value in values.items():
+        if isinstance(value, str):
+            target[key].string_param = value
+        else:
+            target[key].int64_param = value
+
+
 def http_sequence_template(
     host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
     headers: Headers = (),

@@ -18,11 +18,14 @@ from analyzer.loadgen.measure import Measurer, MeasureSettings, PerfPoint
 from analyzer.loadgen.payload import (
     grpc_request,
     grpc_sequence_template,
+    grpc_shm_request,
     http_request,
     http_sequence_template,
+    http_shm_request,
 )
 from analyzer.loadgen.sequences import SequenceOptions
 from analyzer.loadgen.server_stats import composing_models
+from analyzer.loadgen.shm import DEFAULT_OUTPUT_SIZE, SharedTensors
 from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
@@ -54,6 +57,8 @@ class PerfOptions:
     streaming: bool = False  # gRPC ModelStreamInfer (perf_analyzer's --streaming)
     headers: tuple[tuple[str, str], ...] = ()  # -H: HTTP headers, or gRPC metadata
     ssl: ClientTls | None = None  # perf_analyzer's --ssl-* flags
+    shared_memory: str = "none"  # perf_analyzer's --shared-memory: none | system | cuda
+    output_shm_size: int = DEFAULT_OUTPUT_SIZE  # --output-shared-memory-size, bytes per output
 
     @property
     def tls(self) -> ClientTls | None:
@@ -133,6 +138,40 @@ def encode_payloads(
             for r in requests]  # fmt: skip
 
 
+def encode(options: PerfOptions, io: ModelIO, sequence: SequenceOptions | None,
+           stream: str | None) -> tuple[list, SharedTensors | None]:  # fmt: skip
+    """The requests as the load generator sends them; with --shared-memory system their tensors
+    in regions registered with the server (the SharedTensors returned: close it after the load)."""
+    decoupled = stream == "decoupled"
+    if options.shared_memory == "none":
+        return encode_payloads(options, io, sequence is not None, decoupled), None
+    if options.shared_memory != "system":
+        raise InputError(f"--shared-memory {options.shared_memory}: this load generator makes "
+                         "system shared memory only (CUDA shared memory needs a GPU build); use "
+                         "system or none")  # fmt: skip
+    if sequence is not None:
+        raise InputError("--shared-memory with a sequence model is not sent yet: its requests "
+                         "change per step; use --shared-memory none")  # fmt: skip
+    if options.output_shm_size < 1:
+        raise InputError(f"--output-shared-memory-size {options.output_shm_size} must be positive")
+    requests = make_requests(io, options.batch_size, options.input_data, options.shapes,
+                             options.string_length, options.seed)  # fmt: skip
+    datatypes = {spec.name: spec.datatype for spec in io.inputs}
+    control = control_client(options.protocol, options.url, io.name, options.version,
+                             options.headers, options.tls)  # fmt: skip
+    shared = SharedTensors(control, requests, datatypes, io.outputs, options.output_shm_size)
+    if options.protocol == "grpc":
+        payloads = [grpc_shm_request(io.name, options.version, r, datatypes, shared.inputs[i],
+                                     shared.outputs, decoupled)
+                    for i, r in enumerate(requests)]  # fmt: skip
+    else:
+        host = options.url.split("://", 1)[-1]
+        payloads = [http_shm_request(host, io.name, options.version, r, datatypes,
+                                     shared.inputs[i], shared.outputs, options.headers)
+                    for i, r in enumerate(requests)]  # fmt: skip
+    return payloads, shared
+
+
 def make_samplers(options: PerfOptions) -> dict[str, Sampler]:
     samplers: dict[str, Sampler] = {
         "gpu": GpuSampler(options.gpus or None, options.monitor_interval_s)
@@ -149,13 +188,14 @@ def run_perf(
     control = control_client(options.protocol, options.url, options.model, options.version,
                              options.headers, options.tls)  # fmt: skip
     samplers: dict[str, Sampler] = {}
+    shared: SharedTensors | None = None
     try:
         server = control.server_metadata()
         config = control.model_config()
         io = model_io(control.model_metadata(), config)
         sequence = sequence_options(options, config)
         stream = stream_mode(options, config)
-        payloads = encode_payloads(options, io, sequence is not None, stream == "decoupled")
+        payloads, shared = encode(options, io, sequence, stream)
         use_stats = "statistics" in server.get("extensions", [])
         if on_start is not None:
             on_start(io, server)
@@ -185,6 +225,8 @@ def run_perf(
     finally:
         for sampler in samplers.values():
             sampler.stop()
+        if shared is not None:
+            shared.close()
         control.close()
 
 
