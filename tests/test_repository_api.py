@@ -168,3 +168,34 @@ def test_tritonserver_log_flags(tmp_path):
                            text, re.M)  # fmt: skip
         assert bool(loaded) is expect, text
         assert not any("has no effect" in line for line in served.output)
+
+
+def test_strict_readiness_as_triton_has_it(tmp_path):
+    """--strict-readiness (Triton's default, true): the server is not ready while a model failed
+    to load, and ready again once that model is unloaded on purpose; false: ready once it runs."""
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.py").write_text("raise RuntimeError('cannot load')\n")
+    (repo / "broken" / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\n')
+    for strict, ready in (("true", False), ("false", True)):
+        served = start_worker(repo, "--exit-on-error=false", f"--strict-readiness={strict}")
+        try:
+            with httpclient.InferenceServerClient(served.http) as client:
+                assert client.is_server_live() and client.is_model_ready("add_sub")
+                assert client.is_server_ready() is ready
+            with grpcclient.InferenceServerClient(served.grpc) as client:
+                assert client.is_server_ready() is ready
+        finally:
+            assert served.stop() == 0
+    served = start_worker(repo, "--exit-on-error=false", "--model-control-mode", "explicit",
+                          "--load-model", "*")  # fmt: skip
+    try:
+        with httpclient.InferenceServerClient(served.http) as client:
+            assert not client.is_server_ready()
+            client.unload_model("broken")  # unloaded on purpose: it no longer counts
+            assert client.is_server_ready()
+    finally:
+        assert served.stop() == 0

@@ -63,6 +63,10 @@ def serve(
     allow_cpu_metrics: Annotated[
         str, typer.Option(help="false: no nv_cpu_* families (Triton's).")
     ] = "true",
+    strict_readiness: Annotated[
+        str, typer.Option(help="true: ready only while no model failed to load or is loading; "
+                               "false: ready once the server runs (Triton's).")
+    ] = "true",
     grpc_use_ssl: Annotated[
         str, typer.Option(help="true: gRPC over TLS with --grpc-server-cert/-key (Triton's).")
     ] = "false",
@@ -171,6 +175,7 @@ def serve(
         cpu_metrics=_switch("--allow-cpu-metrics", allow_cpu_metrics),
         gpu_metrics=_switch("--allow-gpu-metrics", allow_gpu_metrics),
         metrics_interval_ms=_not_negative("--metrics-interval-ms", metrics_interval_ms),
+        strict_readiness=_switch("--strict-readiness", strict_readiness),
         grpc_tls=_grpc_tls(grpc_use_ssl, grpc_use_ssl_mutual, grpc_server_cert, grpc_server_key,
                            grpc_root_cert),
         exit_on_error=_switch("--exit-on-error", exit_on_error),

@@ -14,7 +14,7 @@ import typer
 # parameters); every one may be repeated, as several of Triton's are
 NO_EFFECT = """
 id model-store
-strict-readiness model-load-thread-count model-load-retry-count
+model-load-thread-count model-load-retry-count
 model-namespacing reuse-http-port http-header-forward-pattern http-thread-count grpc-address
 reuse-grpc-port grpc-header-forward-pattern grpc-infer-allocation-pool-size
 grpc-infer-response-compression-level grpc-keepalive-time grpc-keepalive-timeout

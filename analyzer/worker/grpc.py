@@ -93,7 +93,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ServerReady(self, request, context):
         await self._allow("health", context)
-        return pb.ServerReadyResponse(ready=self.api.ready)
+        return pb.ServerReadyResponse(ready=self.api.server_ready())
 
     async def ModelReady(self, request, context):
         await self._allow("health", context)  # Triton files model readiness under health

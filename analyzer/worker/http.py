@@ -87,6 +87,7 @@ class RestApi:
         self._plans = _Plans()
         self.live = True
         self.ready = False
+        self.strict_readiness = True  # tritonserver's --strict-readiness
 
     def __call__(self, request: HttpRequest, respond: Respond) -> None:
         parts = request.path.strip("/").split("/")
@@ -100,7 +101,8 @@ class RestApi:
                 respond(self.metadata)
             elif parts[1] == "health" and len(parts) == 3:
                 self._allow("health", request)
-                ok = self.live if parts[2] == "live" else self.ready and parts[2] == "ready"
+                live = parts[2] == "live"
+                ok = self.live if live else self.server_ready() and parts[2] == "ready"
                 respond(HttpResponse(200 if ok else 400))
             elif parts[1] == "repository":
                 self._allow("model-repository", request)
@@ -114,6 +116,11 @@ class RestApi:
             respond(_error(err))
         except _Refused as err:
             respond(error_response(403, str(err)))
+
+    def server_ready(self) -> bool:
+        """Started and, with strict readiness (Triton's default), every model servable: none
+        failed to load, none still loading."""
+        return self.ready and (not self.strict_readiness or self.manager.all_ready())
 
     def _allow(self, category: str, request: HttpRequest) -> None:
         if category in self._rules:

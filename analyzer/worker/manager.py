@@ -273,6 +273,14 @@ class ModelManager:
         with self._lock:
             return [v for e in self._models.values() for v in e.versions.values()]
 
+    def all_ready(self) -> bool:
+        """Triton's strict readiness: no model failed to load or is still loading (one unloaded
+        on purpose does not count)."""
+        with self._lock:
+            return all(e.state in ("", "READY") or (e.state == "UNAVAILABLE"
+                                                     and e.reason == "unloaded")
+                       for e in self._models.values())  # fmt: skip
+
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
             self.get(name, version)
@@ -401,7 +409,11 @@ class ModelManager:
         with self._name_lock(name):  # waits for a load of this model in progress
             with self._lock:
                 entry = self._models.get(name)
-                if entry is None or not entry.versions:
+                if entry is None:
+                    return
+                if not entry.versions:  # nothing served (a failed load): unloaded all the same
+                    if entry.state == "UNAVAILABLE":
+                        entry.reason = "unloaded"
                     return
                 versions, entry.versions = entry.versions, {}
                 entry.state = "UNLOADING"

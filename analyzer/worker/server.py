@@ -64,6 +64,7 @@ class ServeOptions:
     gpu_metrics: bool = True
     metrics_interval_ms: int = 0
     grpc_tls: ServerTls | None = None  # tritonserver's --grpc-use-ssl and its files
+    strict_readiness: bool = True  # tritonserver's --strict-readiness
     repository_poll_secs: float = 15.0  # poll mode: seconds between looks at the repository
 
 
@@ -110,6 +111,7 @@ class Worker:
             raise StartupError(f"{len(errors)} model(s) failed to load")
         self.api = RestApi(self.manager, loop, __version__, restrictions=http_rules,
                            shm=self.shm)
+        self.api.strict_readiness = opts.strict_readiness
         try:
             if opts.allow_http:
                 await self._listen("http", self.api, opts.http_port)
