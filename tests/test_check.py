@@ -84,6 +84,10 @@ def broken(tmp_path: Path) -> Path:
     config = (repo / "cnn" / "config.pbtxt").read_text().replace('"tiny_cnn"', '"cnn"')
     _write(repo / "cnn" / "config.pbtxt", config.replace(
         "input [", 'input [\n  { name: "EXTRA__1" data_type: TYPE_FP32 dims: [ 1 ] },'))
+    _python_model(repo, "warm", PY_CONFIG.format(name="warm")
+                  + 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                  + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "INN" value {'
+                  + ' data_type: TYPE_FP32 dims: [ -1 ] input_data_file: "a.bin" } } } ]\n')
     _write(repo / "pipeline" / "config.pbtxt", """name: "pipeline"
 platform: "ensemble"
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
@@ -125,6 +129,10 @@ def test_every_broken_case_is_one_line_with_its_fix(broken: Path):
         "cnn/config.pbtxt: declares 2 input(s) but forward() of model.pt takes 1",
         "nobatch/config.pbtxt: max_batch_size is > 0 but input 'INPUT0' of the model has a fixed "
         "first dimension (2): no batch dimension; set max_batch_size: 0",
+        "warm/config.pbtxt: model_warmup 'w' input 'INN' is not an input of the model; did you "
+        "mean 'IN'?",
+        "warm/config.pbtxt: model_warmup 'w' input 'INN' has dims [-1]; give every dimension",
+        "warm/warmup/a.bin: is missing (model_warmup 'w' input 'INN' reads it)",
         "pipeline/config.pbtxt, step 1 ('nosuch'): names model 'nosuch', which is not in the "
         "repository",
         "pipeline/config.pbtxt, step 2 ('typo'): input_map value 'LOST' is neither an ensemble "

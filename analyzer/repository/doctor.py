@@ -138,6 +138,7 @@ class _ModelCheck:
             return self.findings
         self._tensor_names(config)
         self._kinds(config)
+        self._warmup(config)
         if backend == "pytorch" and not (config.input and config.output):
             self.add(self.config_path, "a TorchScript model's config lists no "
                      + ("inputs" if not config.input else "outputs"),
@@ -204,6 +205,29 @@ class _ModelCheck:
             for name in sorted({n for n in names if names.count(n) > 1}):
                 self.add(self.config_path, f"{kind} '{name}' is declared {names.count(name)} "
                          "times", f"give each {kind} its own name")  # fmt: skip
+
+    def _warmup(self, config: ModelConfig) -> None:
+        """model_warmup samples the load would fail on (the worker runs them before READY)."""
+        inputs = {t.name for t in config.input}
+        controls = {c.name for c in config.sequence_batching.control_input}
+        for index, sample in enumerate(config.model_warmup):
+            name = sample.name or f"#{index}"
+            for key, meta in sample.inputs.items():
+                at = f"model_warmup '{name}' input '{key}'"
+                if inputs and key not in inputs | controls:
+                    self.add(self.config_path, f"{at} is not an input of the model",
+                             _closest(key, sorted(inputs), "an input"))  # fmt: skip
+                if any(d < 0 for d in meta.dims):
+                    self.add(self.config_path, f"{at} has dims {list(meta.dims)}",
+                             "give every dimension: the warm-up makes real tensors")  # fmt: skip
+                if meta.WhichOneof("input_data_type") is None:
+                    self.add(self.config_path, f"{at} has no data",
+                             "set zero_data: true, random_data: true or input_data_file")
+                elif meta.WhichOneof("input_data_type") == "input_data_file":
+                    path = self.folder / "warmup" / meta.input_data_file
+                    if not path.is_file():
+                        self.add(path, f"is missing ({at} reads it)",
+                                 f"put the raw input bytes in {self.name}/warmup/")  # fmt: skip
 
     def _kinds(self, config: ModelConfig) -> None:
         if self.gpus:
