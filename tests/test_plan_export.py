@@ -92,6 +92,34 @@ def test_plan_arithmetic_on_a_config_of_known_figures():
     assert row.cost_per_million == pytest.approx(row.cost_per_hour / (5000 * 3600) * 1e6)
 
 
+def test_conservative_plan_sizes_finalists_by_their_intervals():
+    point = {"load": "concurrency", "value": 8, "metrics": {
+        "perf_throughput": 1000.0, "perf_latency_p99": 20.0, "cpu_utilization": 90.0}}  # fmt: skip
+    finalist = {"name": "m_config_1", "measurements": [point], "best": point,
+                "description": {"instance_group": "1:CPU", "instance_count": 1},
+                "final_comparison": {"perf_throughput": {"estimate": 1000.0, "low": 800.0,
+                                                         "high": 1200.0},
+                                     "perf_latency_p99": {"estimate": 20.0, "low": 15.0,
+                                                          "high": 45.0}}}  # fmt: skip
+    lucky = {**finalist, "name": "m_config_2", "final_comparison": None,
+             "measurements": [{**point, "metrics": {**point["metrics"],
+                                                    "perf_throughput": 1100.0}}]}  # fmt: skip
+    model = {"name": "m", "configs": [lucky, finalist]}
+    plain = plan_model(model, PlanSettings(target_qps=4000, latency_budget_ms=40), 1)
+    assert [(r.config, r.replicas) for r in plain] == [("m_config_1", 5), ("m_config_2", 5)]
+    careful = plan_model(model, PlanSettings(target_qps=4000, latency_budget_ms=50,
+                                             conservative=True), 1)  # fmt: skip
+    first, second = careful
+    assert (first.config, first.throughput, first.p99_ms, first.interval) == (
+        "m_config_1", 800.0, 45.0, True)
+    assert first.replicas == 6  # 4000 x 1.2 / 800, where the point estimate would give 5
+    assert second.config == "m_config_2" and "no interval" in second.note  # ranks after
+    strict = plan_model(model, PlanSettings(target_qps=4000, latency_budget_ms=40,
+                                            conservative=True), 1)  # fmt: skip
+    refused = next(r for r in strict if r.config == "m_config_1")
+    assert not refused.feasible and "p99 interval reaches 45.0 ms" in refused.note
+
+
 def test_export_triton_is_a_repository_ready_to_serve(profiled: Path, tmp_path: Path):
     out = tmp_path / "repo"
     run = _run("export", "-e", "EXP", "--format", "triton", "--output", str(out), cwd=profiled)

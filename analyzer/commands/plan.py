@@ -36,6 +36,10 @@ def plan(
     model: Annotated[
         str | None, typer.Option(help="Comma-separated models (default: all).")
     ] = None,
+    conservative: Annotated[
+        bool, typer.Option(help="Size finalists by the low end of their 95% throughput interval "
+                                "and check the high end of their p99 interval.")
+    ] = False,
 ) -> None:
     """How many replicas of each measured config serve TARGET_QPS under the latency budget, what
     they hold in all (instances, cores, GPUs, memory) and cost; configs ranked by cost."""
@@ -55,7 +59,7 @@ def plan(
                 raise AnalyzerError(f"--model '{name}' was not profiled in '{export_path}' "
                                     f"(profiled: {', '.join(known)})")  # fmt: skip
         settings = PlanSettings(target_qps, latency_budget, max_replicas, headroom,
-                                cost_per_gpu_hour, cost_per_cpu_hour)  # fmt: skip
+                                cost_per_gpu_hour, cost_per_cpu_hour, conservative)  # fmt: skip
         document = plan_document(results, settings, names)
         path = export_path / "results" / PLAN_FILE
         atomic_write_text(path, json.dumps(document, indent=2) + "\n")
@@ -88,8 +92,9 @@ def _print(document: dict, settings) -> None:
     console = make_console()
     budget = (f" with p99 within {settings.latency_budget_ms:g} ms"
               if settings.latency_budget_ms is not None else "")  # fmt: skip
+    sizing = ", finalists sized by their 95% intervals" if settings.conservative else ""
     console.print(f"Capacity plan: {settings.target_qps:g} infer/s{budget}, "
-                  f"{settings.headroom_pct:g}% headroom", markup=False)  # fmt: skip
+                  f"{settings.headroom_pct:g}% headroom{sizing}", markup=False)  # fmt: skip
     for model, rows in document["models"].items():
         table = Table(title=model, title_justify="left")
         table.add_column("config", no_wrap=True)
@@ -122,7 +127,7 @@ def _print(document: dict, settings) -> None:
             console.print(f"{model}: no config reaches {settings.target_qps:g} infer/s; the "
                           f"closest, {closest['config']}: {closest['note']}", markup=False)
         for row in rows:
-            if not row["feasible"]:
+            if row["note"]:
                 console.print(f"  {row['config']}: {row['note']}", markup=False)
 
 

@@ -9,6 +9,11 @@ capacity). A replica holds what the profile measured for one worker: its instanc
 GPUs its point was measured on, for KIND_GPU), its cores (the worker's measured CPU use, rounded
 up to whole cores) and its memory (host RSS, plus GPU memory). Costs are per GPU-hour and per
 core-hour; without prices configs rank by GPUs, then cores, then replicas.
+
+`conservative` sizes a finalist of the final comparison by the low end of its throughput's 95%
+interval, and holds its p99 to the budget by the high end of that interval: a fleet planned on a
+lucky measurement would miss its target. Configs measured once have no interval: they keep their
+point, the row says so, and they rank after the finalists.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class PlanSettings:
     headroom_pct: float = 20.0
     cost_per_gpu_hour: float | None = None
     cost_per_cpu_hour: float | None = None
+    conservative: bool = False
 
     @property
     def priced(self) -> bool:
@@ -52,6 +58,7 @@ class PlanRow:
     cost_per_hour: float | None = None
     cost_per_million: float | None = None
     shortfall_pct: float = 0.0  # of the target, for a config that cannot reach it
+    interval: bool = False  # sized from its final-comparison interval (conservative)
     per_replica: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -66,11 +73,14 @@ def plan_model(model: dict[str, Any], settings: PlanSettings, cores_default: int
 
 
 def _order(row: PlanRow, settings: PlanSettings) -> tuple[Any, ...]:
+    """Feasible first; when conservative, those sized from an interval before those measured
+    once (a single point would otherwise win on its luck); then by cost."""
     if not row.feasible:
-        return (1, row.shortfall_pct, row.config)
+        return (2, row.shortfall_pct, row.config)
+    first = 0 if row.interval or not settings.conservative else 1
     if settings.priced:
-        return (0, row.cost_per_hour or 0.0, row.replicas, row.config)
-    return (0, row.gpus, row.cores, row.replicas, row.config)
+        return (first, row.cost_per_hour or 0.0, row.replicas, row.config)
+    return (first, row.gpus, row.cores, row.replicas, row.config)
 
 
 def _row(model: str, config: dict[str, Any], s: PlanSettings, cores_default: int) -> PlanRow:
@@ -89,6 +99,19 @@ def _row(model: str, config: dict[str, Any], s: PlanSettings, cores_default: int
     metrics = point["metrics"]
     row.throughput = metrics["perf_throughput"]
     row.p99_ms = metrics["perf_latency_p99"]
+    final = config.get("final_comparison") or {}
+    if s.conservative and final.get("perf_throughput") and config.get("best"):
+        point, metrics = config["best"], config["best"]["metrics"]
+        row.throughput = final["perf_throughput"]["low"]
+        row.p99_ms = final["perf_latency_p99"]["high"]
+        row.interval = True
+        if budget is not None and row.p99_ms > budget:
+            row.note = (f"the p99 interval reaches {row.p99_ms:.1f} ms, over the {budget:g} ms "
+                        "budget")  # fmt: skip
+            row.shortfall_pct = 100.0
+            return row
+    elif s.conservative:
+        row.note = "measured once: no interval, sized from its point"
     value = f"{point['value']:g}"
     row.load = f"concurrency {value}" if point["load"] == "concurrency" else f"{value} req/s"
     description = config["description"]
