@@ -12,8 +12,6 @@ import typer
 from analyzer.errors import AnalyzerError
 from analyzer.terminal import make_console
 
-PLAN_FILE = "plan.json"
-
 
 def plan(
     export_path: Annotated[
@@ -45,7 +43,7 @@ def plan(
     they hold in all (instances, cores, GPUs, memory) and cost; configs ranked by cost."""
     from analyzer.fsutil import atomic_write_text
     from analyzer.report.html import load_results, render_reports
-    from analyzer.results.plan import PlanSettings, plan_document
+    from analyzer.results.plan import PlanSettings, plan_document, plan_path
 
     err = make_console(stderr=True)
     try:
@@ -61,7 +59,7 @@ def plan(
         settings = PlanSettings(target_qps, latency_budget, max_replicas, headroom,
                                 cost_per_gpu_hour, cost_per_cpu_hour, conservative)  # fmt: skip
         document = plan_document(results, settings, names)
-        path = export_path / "results" / PLAN_FILE
+        path = plan_path(export_path)
         atomic_write_text(path, json.dumps(document, indent=2) + "\n")
         render_reports(export_path, parts=("summary",))
     except AnalyzerError as exc:

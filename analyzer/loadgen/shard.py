@@ -183,7 +183,6 @@ class Shard:
                 await self._send_step(sequence, payload, sched, -1)
 
         sequence.inflight += 1  # from now: an END sent at a load change waits for it
-
         return serial()
 
     # ---- load shapes ------------------------------------------------------------------------

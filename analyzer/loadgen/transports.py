@@ -265,8 +265,10 @@ class GrpcStreamTransport(Transport):
         self.method = None
 
     async def open(self) -> None:
-        import grpc
+        import grpc  # here, not at import: unary-only shards never load grpcio
+        from tritonclient.grpc import service_pb2
 
+        self.grpc, self.response_type = grpc, service_pb2.ModelStreamInferResponse
         self.opened += 1
         target = f"{self.config.host}:{self.config.port}"
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -287,9 +289,7 @@ class GrpcStreamTransport(Transport):
             await self.channel.close()
 
     async def request(self, payload: bytes, sched: int, slot: int, quiet: bool = False) -> None:
-        import grpc
-        from tritonclient.grpc import service_pb2
-
+        grpc = self.grpc
         call = self.idle.pop() if self.idle else None
         start = now_ns()
         sent = start
@@ -311,7 +311,7 @@ class GrpcStreamTransport(Transport):
                     raise ConnectionError("the server ended the stream")
                 if not first:
                     first = now_ns()
-                response = service_pb2.ModelStreamInferResponse.FromString(raw)
+                response = self.response_type.FromString(raw)
                 if response.error_message:
                     self._error(f"gRPC stream: {response.error_message}", quiet)
                     break

@@ -12,7 +12,6 @@ plan found. Nothing existing is overwritten: DIR must be new or empty.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shutil
@@ -24,6 +23,7 @@ import yaml
 from analyzer.config.model_config import ConfigError, load_model_config, write_model_config
 from analyzer.errors import AnalyzerError
 from analyzer.report.html import load_results
+from analyzer.results.plan import read_plan
 
 FORMATS = ("triton", "kserve")
 SERVICE_FILE = "inferenceservice.yaml"
@@ -112,9 +112,8 @@ def _copy(source: Path, target: Path, skip_config: bool = False) -> None:
 
 def _plan(export_path: Path) -> dict[str, dict[str, Any]]:
     """The plan's rows by model and config (`model-analyzer plan`), when one was made."""
-    try:
-        document = json.loads((export_path / "results" / "plan.json").read_text())
-    except (OSError, ValueError):
+    document = read_plan(export_path)
+    if document is None:
         return {}
     target = (document.get("settings") or {}).get("target_qps")
     return {model: {r["config"]: {**r, "target_qps": target} for r in rows}

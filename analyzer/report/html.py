@@ -23,6 +23,7 @@ from analyzer.report import plot_files, plots
 from analyzer.report.console import how_sure
 from analyzer.report.exports import RESULTS_FILE
 from analyzer.results.finals import Comparison
+from analyzer.results.plan import read_plan
 
 # the repository's top-level templates/, shipped in the wheel as the package's data (in the
 # source tree analyzer/templates is a link to it), so an installed copy finds it too
@@ -189,9 +190,8 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
 
 def _plan(export_path: Path, model: str) -> dict[str, Any] | None:
     """The model's capacity plan (`model-analyzer plan`), when one was made for this run."""
-    try:
-        document = json.loads((export_path / "results" / "plan.json").read_text())
-    except (OSError, ValueError):
+    document = read_plan(export_path)
+    if document is None:
         return None
     rows = (document.get("models") or {}).get(model)
     return {"settings": document["settings"], "rows": rows} if rows else None

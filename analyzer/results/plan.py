@@ -18,9 +18,13 @@ point, the row says so, and they rank after the finalists.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+PLAN_FILE = "plan.json"  # in EXPORT_PATH/results, beside profile_results.json
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,19 @@ def plan_document(results: dict[str, Any], settings: PlanSettings,
         rows = plan_model(model, settings, cores_default)
         out["models"][model["name"]] = [r.as_dict() for r in rows]
     return out
+
+
+def plan_path(export_path: Path) -> Path:
+    return export_path / "results" / PLAN_FILE
+
+
+def read_plan(export_path: Path) -> dict[str, Any] | None:
+    """The run's plan.json (`model-analyzer plan`), or None when no plan was made."""
+    try:
+        document: dict[str, Any] = json.loads(plan_path(export_path).read_text())
+    except (OSError, ValueError):
+        return None
+    return document
 
 
 def _worker_cores(results: dict[str, Any]) -> int:
