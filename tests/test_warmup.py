@@ -121,3 +121,15 @@ def test_random_data_is_accepted_and_every_dimension_must_be_given(tmp_path: Pat
     with pytest.raises(RuntimeError) as failed:
         start_worker(repo, timeout=60)
     assert "every dimension must be given" in str(failed.value)
+
+
+def test_a_warmup_the_worker_will_not_allocate_is_refused(tmp_path: Path):
+    """A config may come from a repository-API load: its warm-up is bounded."""
+    repo = _repo(tmp_path, "zero_data: true")
+    config = repo / "counter" / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ 1 ] zero_data",
+                                                 "dims: [ 1000000000 ] zero_data"))  # fmt: skip
+    with pytest.raises(RuntimeError) as failed:
+        start_worker(repo, timeout=60)
+    assert "more than this worker allocates for a warm-up input" in " ".join(
+        str(failed.value).split())

@@ -24,6 +24,11 @@ from analyzer.repository.repository import RepositoryError, inside
 from analyzer.worker.request import InferRequest
 
 WARMUP_FOLDER = "warmup"
+# a config may come from a repository-API load request: what it makes the worker allocate and
+# run before READY is bounded (Triton sets no bound; a real warm-up is far below these)
+MAX_SAMPLE_BYTES = 1 << 30  # one input of one request
+MAX_REQUESTS = 1024  # a sample's batch_size
+MAX_COUNT = 1000  # a sample's runs
 _STRING = model_config_pb2.DataType.TYPE_STRING
 
 
@@ -51,6 +56,11 @@ def warmup_samples(config: ModelConfig, model_path: Path) -> list[WarmupSample]:
         name = setting.name or f"#{index}"
         if setting.batch_size == 0:
             continue
+        for what, value, cap in (("batch_size", setting.batch_size, MAX_REQUESTS),
+                                 ("count", setting.count, MAX_COUNT)):  # fmt: skip
+            if value > cap:
+                raise ValueError(f"model '{config.name}': warmup sample '{name}' has {what} "
+                                 f"{value}, more than this worker runs ({cap})")  # fmt: skip
         inputs, wires = {}, {}
         for key, meta in setting.inputs.items():
             where = f"model '{config.name}': warmup sample '{name}', input '{key}'"
@@ -58,6 +68,11 @@ def warmup_samples(config: ModelConfig, model_path: Path) -> list[WarmupSample]:
             if any(d < 0 for d in dims):
                 raise ValueError(f"{where}: every dimension must be given, got {dims}")
             wire = config_to_wire(model_config_pb2.DataType.Name(meta.data_type))
+            size = int(np.prod(dims, dtype=np.float64)) * (
+                wire_to_numpy(wire).itemsize if wire != "BYTES" else 4)
+            if size > MAX_SAMPLE_BYTES:
+                raise ValueError(f"{where}: dims {dims} make {size} bytes, more than this worker "
+                                 f"allocates for a warm-up input ({MAX_SAMPLE_BYTES})")  # fmt: skip
             array = _data(meta, wire, dims, model_path, where)
             inputs[key] = array.reshape([1, *dims]) if batched else array
             wires[key] = wire
