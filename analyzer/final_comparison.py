@@ -326,8 +326,10 @@ def _measure_rounds(
         options, r.best.metrics.get("perf_throughput") if r.best else None))
         for name, r in by_name.items()}  # fmt: skip
     launcher = profiler.ensure_launcher()
-    # BLS finalists serve their composing models under the same names: one at a time
-    together = not launcher.remote and not any(r.serve_first for r in by_name.values())
+    # BLS finalists serve their composing models under the same names, and finalists of models
+    # profiled together share their models' variants: one at a time
+    together = not launcher.remote and not any(r.serve_first or r.together
+                                               for r in by_name.values())  # fmt: skip
     got: dict[str, list[Measurement]] = {name: [] for name in by_name}
     profiler.listener("final_start", {"model": model_name, "comparison": comparison})
     loaded: dict[str, int] = {}  # variant -> the worker start it was loaded into

@@ -128,8 +128,18 @@ OUTPUT_FIELDS = {  # setting -> the tags its table has
 }
 
 
+def base_tag(tag: str) -> str:
+    """The metric of a tag; models profiled together are ranked on tags "<model>:<metric>"."""
+    return tag.rpartition(":")[2]
+
+
+def direction(tag: str) -> bool:
+    """True when a larger value of `tag` (a metric or "<model>:<metric>") is better."""
+    return DIRECTIONS.get(base_tag(tag), True)
+
+
 def unit(tag: str) -> str:
-    metric = BY_TAG.get(tag)
+    metric = BY_TAG.get(base_tag(tag))
     return metric.unit if metric is not None else "ms"
 
 

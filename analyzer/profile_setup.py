@@ -16,7 +16,7 @@ from analyzer.fsutil import FolderError, OutputFolder, claim_output_folder, refu
 from analyzer.launch.cpus import CpuListError, Placement, plan_placement
 from analyzer.loadgen.inputs import parse_shapes
 from analyzer.loadgen.measure import MeasureSettings
-from analyzer.loadgen.payload import parse_headers
+from analyzer.loadgen.payload import Headers, parse_headers
 from analyzer.loadgen.perf import PerfOptions
 from analyzer.loadgen.sequences import SequenceOptions, parse_id_range
 from analyzer.metrics import DIRECTIONS
@@ -30,7 +30,7 @@ from analyzer.search.ledger import redact_url
 from analyzer.search.optuna import OptunaSearch, OptunaSettings
 from analyzer.search.quick import QuickSearch
 from analyzer.search.space import SearchSpace
-from analyzer.tls import client_tls
+from analyzer.tls import ClientTls, client_tls
 
 
 def check_objectives(config: ProfileConfig) -> None:
@@ -139,8 +139,27 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
         ssl=client_tls(flags, "perf_analyzer_flags "),
         shared_memory=str(flags.get("shared-memory", "none")),
         output_shm_size=int(flags.get("output-shared-memory-size", 102400)),
+        max_threads=_positive(flags.get("max-threads", 0), "max-threads"),
     )
     return settings, options
+
+
+def _positive(value: object, key: str) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"perf_analyzer_flags '{key}' is {value!r}; expected a whole number")
+    return number
+
+
+def control_tls(config: ProfileConfig) -> tuple[ClientTls | None, Headers]:
+    """The TLS and headers of the run's own perf_analyzer_flags, for the calls that control a
+    remote server: MA's client takes its ssl-* options from there too."""
+    flags = dict(config.perf_analyzer_flags or {})
+    return (client_tls(flags, "perf_analyzer_flags "),
+            parse_headers(_as_list(flags.get("http-header")), "perf_analyzer_flags http-header"))
 
 
 def _as_list(value: object) -> list[str]:

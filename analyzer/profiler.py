@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 
 from analyzer.config.model_config import ModelConfig, format_model_config
 from analyzer.config.profile_config import ProfileConfig
@@ -26,7 +27,7 @@ from analyzer.loadgen.control import ServerError
 from analyzer.loadgen.inputs import InputError
 from analyzer.loadgen.measure import MeasurementError
 from analyzer.loadgen.perf import PerfOptions
-from analyzer.metrics import MEMORY_TAGS
+from analyzer.metrics import MEMORY_TAGS, base_tag
 from analyzer.monitor.metrics_gpu import MetricsGpuSampler
 from analyzer.profile_setup import (
     check_folders,
@@ -61,7 +62,10 @@ from analyzer.results.checkpoint import Checkpoint, config_key, point_key
 from analyzer.results.measurement import Measurement, from_shared
 from analyzer.results.outcome import ModelOutcome, ProfileOutcome
 from analyzer.results.ranking import ConfigResult, Ranker, recommended_first
+from analyzer.results.together import SEPARATOR, joint_spec
 from analyzer.search.base import Outcome, SearchPoint, SearchStrategy
+from analyzer.search.brute import BruteSearch
+from analyzer.search.composed import ComposedQuickSearch, Part
 from analyzer.search.ledger import SharedPoint, unmerged
 from analyzer.search.space import SearchSpace, load_levels, load_search_space
 from analyzer.worker.devices import gpu_count
@@ -140,6 +144,11 @@ class Profiler:
         else:
             use_gpu = gpu_count() > 0 and not self.config.cpu_only
         self.outcome.kind = "GPU" if use_gpu else "CPU"
+        c = self.config
+        if c.run_config_profile_models_concurrently_enable and len(c.models) > 1:
+            self._profile_together(checkpoint, space, use_gpu, server_gpus if remote
+                                   else gpu_count())  # fmt: skip
+            return
         for spec in self.config.models:
             model = ModelOutcome(spec)
             self.outcome.models.append(model)
@@ -243,17 +252,26 @@ class Profiler:
                                  levels)  # fmt: skip
 
     def _search(
-        self, model: ModelOutcome, source: ModelSource, search: SearchStrategy,
+        self, model: ModelOutcome, source: ModelSource | None, search: SearchStrategy,
         variants: dict[str, ConfigResult | None], cpu_only: bool, fingerprint: list,
         checkpoint: Checkpoint, options: PerfOptions,
+        new_variant: Callable[[SearchPoint], ConfigResult | None] | None = None,
     ) -> None:  # fmt: skip
+        """The search's trials measured in turn; `new_variant` makes a trial's config (the
+        model's own variants when None; `source` is then the model's)."""
         spec = model.spec
         ranker = Ranker(spec.objectives, spec.constraints)
         current: ConfigResult | None = None
         fingerprint_text = json.dumps(fingerprint)
+        if new_variant is None:
+            assert source is not None
+
+            def new_variant(trial: SearchPoint) -> ConfigResult | None:
+                return self._new_variant(model, source, trial, cpu_only)
+
         while (trial := search.ask()) is not None:
             if trial.params_json not in variants:
-                variants[trial.params_json] = self._new_variant(model, source, trial, cpu_only)
+                variants[trial.params_json] = new_variant(trial)
             result = variants[trial.params_json]
             if result is None:  # a combination that cannot work
                 search.tell(trial, Outcome(ok=False, error="cannot be built"))
@@ -381,6 +399,113 @@ class Profiler:
             serve_first=serve_first,
         )
         result.description["config_pbtxt"] = format_model_config(named)
+        model.results.append(result)
+        self.listener("variant", {"result": result})
+        return result
+
+    # ---- models profiled together ----------------------------------------------------------------
+    def _profile_together(self, checkpoint: Checkpoint, space: SearchSpace, use_gpu: bool,
+                          gpus: int) -> None:  # fmt: skip
+        """MA's run_config_profile_models_concurrently_enable: one search over every model's
+        knobs, each trial a variant of every model loaded at once and measured side by side
+        (results/together.py), ranked by each model's objectives weighted by its weighting."""
+        specs = self.config.models
+        model = ModelOutcome(joint_spec(specs))
+        self.outcome.models.append(model)
+        sources: dict[str, ModelSource] = {}
+        options: dict[str, PerfOptions] = {}
+        for spec in specs:
+            alone = ModelOutcome(spec)
+            if not self._healthy(alone, gpus):
+                model.error = alone.error
+                return
+            try:
+                sources[spec.name] = source = read_model(self.config.model_repository, spec.name)
+                options[spec.name] = measure_options(self.config, spec)[1]
+            except (AnalyzerError, ValueError) as err:  # RepositoryError, InputError among them
+                model.error = f"model '{spec.name}': {err}"
+            else:
+                if source.backend == ENSEMBLE or self.config.bls_composing_models:
+                    model.error = (f"model '{spec.name}': an ensemble or BLS model is not "
+                                   "profiled together with others (nor is it in MA); profile it "
+                                   "on its own, without run_config_profile_models_concurrently"
+                                   "_enable")  # fmt: skip
+            if model.error:
+                self.listener("model_failed", {"model": model.spec.name, "error": model.error})
+                return
+        first = options[specs[0].name]
+        self.session.together_options = options
+        self.session.fresh_worker_per_variant = bool(MEMORY_TAGS & {
+            base_tag(t) for t in [*model.spec.objectives, *model.spec.constraints]})
+        fingerprint: list = [model.spec.name, first.settings.mode, first.settings.window_ms,
+                             first.settings.request_count, first.settings.stability_pct,
+                             first.settings.max_trials, first.settings.percentile,
+                             model.spec.batch_sizes, "together"]  # fmt: skip
+        for spec in specs:
+            own = options[spec.name]
+            fingerprint += [spec.name, files_digest(sources[spec.name].path), own.protocol,
+                            own.input_data, own.distribution, sorted(own.shapes.items()),
+                            own.string_length, spec.weighting]  # fmt: skip
+        if any(s.config.HasField("sequence_batching") for s in sources.values()):
+            space = dataclasses.replace(space, queue_delays_us=space.queue_delays_us[:1])
+        limits = dataclasses.replace(
+            search_limits(self.config, specs[0], sources[specs[0].name]), manual={},
+            own_max_batch_size=max(s.config.max_batch_size for s in sources.values()))
+        search: SearchStrategy = (
+            BruteSearch(space, limits, top_configs=self.config.num_configs_per_model)
+            if limits.search_disable else ComposedQuickSearch(
+                space, limits, [Part(n, s.config.max_batch_size) for n, s in sources.items()],
+                top_configs=self.config.num_configs_per_model))  # fmt: skip
+        cpu_only = {spec.name: spec.cpu_only or not use_gpu for spec in specs}
+        variants: dict[str, ConfigResult | None] = {}
+        try:
+            self._search(model, None, search, variants, all(cpu_only.values()), fingerprint,
+                         checkpoint, first,
+                         lambda trial: self._joint_variant(model, sources, trial, cpu_only))
+        finally:
+            search.close()
+        if not model.error:
+            load, values, sweep = load_levels(space, limits)
+            levels = LoadLevels(load, values, sweep.plateau_min_gain if sweep else 0.05)
+            run_final_comparison(self, model, first, checkpoint, json.dumps(fingerprint), levels)
+        self.listener("model_done", {"model": model.spec.name})
+
+    def _joint_variant(
+        self, model: ModelOutcome, sources: dict[str, ModelSource], trial: SearchPoint,
+        cpu_only: dict[str, bool],
+    ) -> ConfigResult | None:  # fmt: skip
+        """A trial of models profiled together: each model's variant written once as its own
+        folder (`add_sub_config_3`), the joint config naming them all."""
+        params = trial.params
+        parts: Composed = {}
+        together: list[tuple[str, str, str]] = []
+        for name, source in sources.items():
+            asked = params.get(name) or {}
+            try:
+                config = _variant_config(source.config, asked, cpu_only[name])
+            except VariantError as err:
+                model.skipped.append(f"{json.dumps(params, sort_keys=True)}: {name}: {err}")
+                return None
+            names = self.part_names.setdefault(name, {})
+            text = format_model_config(_unnamed(config))
+            if text not in names:
+                made = sum(1 for n in names.values() if not n.endswith("_config_default"))
+                names[text] = variant = f"{name}_config_{made if asked else 'default'}"
+                write_variant(source.path, config, self.config.output_repository / variant)
+            parts[name] = (names[text], config)
+            together.append((name, names[text], text))
+        identity = "".join(f"# model {name}\n{text}" for name, _, text in together)
+        same = next((r for r in model.results if r.config_text == identity), None)
+        if same is not None:
+            return same
+        result = ConfigResult(
+            model=model.spec.name, name=SEPARATOR.join(variant for _, variant, _ in together),
+            params=params, description=describe_composed(parts, [v for _, v, _ in together]),
+            config_text=identity, path=str(self.config.output_repository),
+            is_default=not params, together=together,
+        )  # fmt: skip
+        result.description["config_pbtxt"] = "".join(
+            f"# {variant}\n{text}" for _, variant, text in together)
         model.results.append(result)
         self.listener("variant", {"result": result})
         return result

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +36,36 @@ from analyzer.monitor.base import Sampler
 from analyzer.monitor.cpu import CpuSampler
 from analyzer.monitor.gpu import GpuSampler
 from analyzer.monitor.metrics_gpu import MetricsGpuSampler
+from analyzer.profile_setup import control_tls
 from analyzer.repository.variants import serve_as
 from analyzer.results.measurement import Measurement, from_point
 from analyzer.results.outcome import ProfileOutcome
 from analyzer.results.ranking import ConfigResult
+from analyzer.results.together import combine_parts
 from analyzer.search.base import SearchPoint
 from analyzer.search.ledger import owner_id
 
 Listener = Callable[[str, dict[str, Any]], None]  # (event, data) for progress displays
+
+
+@dataclass
+class PartLoad:
+    """One model's load generator when models are profiled together: its own shard processes,
+    payloads and shared-memory regions, kept from point to point like the session's own."""
+
+    client: LoadClient | None = None
+    key: tuple | None = None
+    shared: SharedTensors | None = None
+    composing: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        self.key = None
 
 
 class WorkerSession:
@@ -68,6 +92,10 @@ class WorkerSession:
         self.composing: list[str] = []  # the loaded variant's ensemble steps, for their stats
         self.shared: SharedTensors | None = None  # --shared-memory system: the payloads' regions
         self.placement = Placement(None, None, "")  # CPU sets, planned when the run starts
+        # models profiled together: each model's own options and load, and the variants loaded
+        self.together_options: dict[str, PerfOptions] = {}
+        self.part_loads: dict[str, PartLoad] = {}
+        self.loaded_parts: list[str] = []
 
     def _ensure_worker(self) -> Launcher:
         launcher = self.ensure_launcher()
@@ -78,8 +106,13 @@ class WorkerSession:
             if urls != (launcher.http_url, launcher.grpc_url) and self.client is not None:
                 self.client.close()  # a port was lost and re-chosen: reconnect at the new URL
                 self.client, self.payload_key = None, None
+            for part in self.part_loads.values():  # likewise, and no region is known any more
+                if urls != (launcher.http_url, launcher.grpc_url):
+                    part.close()
+                part.key = None
             self.outcome.worker_starts += 1
             self.loaded = None
+            self.loaded_parts = []
             if self.shared is not None:  # a new worker knows no region: register them again
                 self.payload_key = None
             self._start_samplers()
@@ -104,8 +137,10 @@ class WorkerSession:
             startup = float(max(1, c.client_max_retries)) if c.client_max_retries is not None \
                 else c.server_startup_timeout  # fmt: skip
             if c.triton_launch_mode == "remote":
-                self.launcher = RemoteLauncher(c.triton_http_endpoint, c.triton_grpc_endpoint,
-                                               c.triton_metrics_url, startup)
+                tls, headers = control_tls(c)
+                self.launcher = RemoteLauncher(
+                    c.triton_http_endpoint, c.triton_grpc_endpoint, c.triton_metrics_url,
+                    startup, c.client_protocol, tls, headers)  # fmt: skip
             elif c.triton_launch_mode == "docker":
                 self.launcher = DockerLauncher(
                     c.triton_docker_image, c.output_repository, Path(c.model_repository),
@@ -152,6 +187,8 @@ class WorkerSession:
         self, result: ConfigResult, trial: SearchPoint, options: PerfOptions
     ) -> Measurement:
         """One point of a loaded (or now loaded) variant; the final comparison uses it too."""
+        if result.together:
+            return self._measure_together(result, trial, options)
         launcher = self._ensure_worker()
         # a remote server serves each variant under the model's own name, loaded by config
         served = result.model if launcher.remote else result.name
@@ -191,7 +228,8 @@ class WorkerSession:
             point = measurer.measure(trial.load, trial.value, options.distribution)
             auto = self.config.client_processes <= 0
             cores = len(os.sched_getaffinity(0))
-            while auto and point.more_clients_help and len(self.client.shards) < cores:
+            while (auto and point.more_clients_help
+                   and len(self.client.shards) < options.process_limit(cores)):  # fmt: skip
                 self.client.add_process()
                 point = measurer.measure(trial.load, trial.value, options.distribution)
         finally:
@@ -202,16 +240,106 @@ class WorkerSession:
                 f"log lines:\n{launcher.last_words()}"
             )
         if self.config.perf_output:
-            self._perf_output(result, trial, point)
+            self._perf_output(result.name, trial, point)
         measurement = from_point(point, result.model, result.name, trial.load, trial.value,
                                  time.time())  # fmt: skip
         measurement.host = owner_id()
         return measurement
 
-    def _perf_output(self, result: ConfigResult, trial: SearchPoint, point: PerfPoint) -> None:
+    def _measure_together(
+        self, result: ConfigResult, trial: SearchPoint, options: PerfOptions
+    ) -> Measurement:
+        """One point of models profiled together: every model's variant loaded at once, each
+        model driven by its own load generator at the trial's load, all measured at the same
+        time (a model whose windows settle first keeps its load on until the last is done, so
+        every model is measured beside the others' load). `options` gives the measurement
+        settings (the search's, or a final round's); the rest is each model's own."""
+        launcher = self._ensure_worker()
+        served = {model: model if launcher.remote else variant
+                  for model, variant, _ in result.together}  # fmt: skip
+        if self.loaded != result.name:
+            self._unload_parts()
+            self.listener("load", {"result": result})
+            for model, _, text in result.together:
+                launcher.load_variant(served[model], text)
+                self.loaded_parts.append(served[model])
+            self.loaded = self.loaded_as = result.name
+        measurers: dict[str, Measurer] = {}
+        controls = []
+        try:
+            for index, (model, variant, _) in enumerate(result.together):
+                own = self.together_options[model]
+                url = launcher.grpc_url if own.protocol == "grpc" else launcher.http_url
+                opts = dataclasses.replace(own, model=served[model], url=url,
+                                           settings=options.settings,
+                                           batch_size=trial.batch_size)  # fmt: skip
+                control = control_client(own.protocol, url, served[model], headers=own.headers,
+                                         tls=opts.tls)  # fmt: skip
+                controls.append(control)
+                part = self.part_loads.setdefault(model, PartLoad())
+                key = (variant, trial.batch_size, own.protocol)
+                if part.key != key:
+                    config = control.model_config()
+                    io = model_io(control.model_metadata(), config)
+                    part.composing = composing_models(config)
+                    sequence = sequence_options(opts, config)
+                    stream = stream_mode(opts, config)
+                    if part.shared is not None:
+                        part.shared.close()
+                    payloads, part.shared = encode(opts, io, sequence, stream)
+                    if part.client is None:
+                        part.client = LoadClient(own.protocol, url, payloads,
+                                                 max(1, self.config.client_processes),
+                                                 self.config.seed + index, sequence, stream,
+                                                 own.headers, opts.tls)  # fmt: skip
+                        part.client.start()
+                    else:
+                        part.client.set_payloads(payloads, sequence, stream)
+                    part.key = key
+                assert part.client is not None
+                # the worker's CPU and GPU samples are the whole server's: read once
+                measurers[model] = Measurer(part.client, control, served[model], "",
+                                            trial.batch_size, options.settings,
+                                            self.samplers if index == 0 else {}, True,
+                                            part.composing)  # fmt: skip
+            self.listener("measure", {"result": result, "trial": trial})
+            points = _measure_at_once(measurers, trial, options.distribution)
+        finally:
+            for control in controls:
+                control.close()
+        if not launcher.alive():
+            raise LaunchError(
+                f"the worker exited ({launcher.exit_status()}) during the measurement; its last "
+                f"log lines:\n{launcher.last_words()}"
+            )
+        now = time.time()
+        parts = {}
+        for model, variant, _ in result.together:
+            if self.config.perf_output:
+                self._perf_output(variant, trial, points[model])
+            parts[model] = from_point(points[model], model, variant, trial.load, trial.value, now)
+        measurement = combine_parts(parts, result.model, result.name)
+        measurement.host = owner_id()
+        return measurement
+
+    def _unload_parts(self) -> None:
+        """Unload the variants of the joint config loaded now (their loads idled first)."""
+        if not self.loaded_parts or self.launcher is None:
+            return
+        for part in self.part_loads.values():
+            if part.client is not None:
+                part.client.quiesce(30)
+        for name in self.loaded_parts:
+            try:
+                self.launcher.unload(name)
+            except LaunchError:
+                pass  # a worker that cannot unload is restarted by the next load if it died
+        self.loaded_parts = []
+
+    def _perf_output(self, name: str, trial: SearchPoint, point: PerfPoint) -> None:
         """MA's perf_output: each point's report as perf_analyzer words it, appended to
         perf_output_path (or printed)."""
-        text = (f"*** {result.name}: {trial.load.replace('_', ' ')} {trial.value}, batch size "
+        text = (f"*** {name}: {trial.load.replace('_', ' ')} {trial.value}, batch size "
                 f"{trial.batch_size} ***\n{point_text(point)}\n")  # fmt: skip
         path = self.config.perf_output_path
         if path is None:
@@ -248,6 +376,12 @@ class WorkerSession:
             except (OSError, ConnectionError, EOFError):
                 self.client.close()
                 self.client, self.payload_key = None, None
+        for part in self.part_loads.values():
+            if part.client is not None:
+                try:
+                    part.client.quiesce(10)
+                except (OSError, ConnectionError, EOFError):
+                    part.close()
         if self.launcher is not None and not self.launcher.alive():
             self.loaded = None
             return  # restarted lazily by the next measurement
@@ -255,6 +389,12 @@ class WorkerSession:
 
     def unload_variant(self) -> None:
         if self.loaded is None or self.launcher is None:
+            return
+        if self.loaded_parts:  # models profiled together: every model's variant
+            self._unload_parts()
+            self.loaded = None
+            if self.fresh_worker_per_variant:
+                self.launcher.stop()
             return
         if self.client is not None:
             self.client.quiesce(30)
@@ -296,8 +436,34 @@ class WorkerSession:
         for sampler in self.samplers.values():
             sampler.stop()
         self._drop_shared()
+        for part in self.part_loads.values():
+            part.close()
         if self.client is not None:
             self.client.close()
             self.client = None
         if self.launcher is not None:
             self.launcher.stop()
+
+
+def _measure_at_once(measurers: dict[str, Measurer], trial: SearchPoint,
+                     distribution: str) -> dict[str, PerfPoint]:  # fmt: skip
+    """Each model's point, measured in threads of their own at the same time; the first error
+    (after all have finished) is raised."""
+    points: dict[str, PerfPoint] = {}
+    errors: list[BaseException] = []
+
+    def measure(model: str, measurer: Measurer) -> None:
+        try:
+            points[model] = measurer.measure(trial.load, trial.value, distribution)
+        except BaseException as err:  # raised in the caller's thread below
+            errors.append(err)
+
+    threads = [threading.Thread(target=measure, args=item, daemon=True, name=f"measure {item[0]}")
+               for item in measurers.items()]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return points

@@ -160,6 +160,37 @@ def test_every_sequence_ends_before_its_id_comes_again(accumulate_worker, protoc
     assert points[0].request_count > 3 * 8  # the ids went round more than once
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sequences_through_system_shared_memory(accumulate_worker, protocol):
+    """perf_analyzer's --shared-memory system with a sequence model: every step names the
+    registered regions and carries its own sequence parameters."""
+    points = _perf(accumulate_worker, protocol, concurrency=[4], shared_memory="system",
+                   sequence=SequenceOptions(length=4, variation_pct=0, id_start=1, id_end=9))
+    assert points[0].error_count == 0, points[0].errors
+    assert points[0].request_count > 3 * 8
+
+
+def test_the_shared_memory_templates_name_the_regions_and_carry_no_tensor_bytes():
+    from analyzer.loadgen.shm import Placed
+
+    placed = {"INPUT": Placed("in0", 0, 4)}
+    outputs = {"OUTPUT": Placed("out", 0, 64)}
+    http = http_sequence_template("h:1", "m", "", TENSORS, TYPES, placed=placed,
+                                  outputs=outputs)  # fmt: skip
+    _, _, body = http.build(http.id_part(7), False, True).partition(b"\r\n\r\n")
+    header = json.loads(body)
+    assert header["inputs"][0]["parameters"]["shared_memory_region"] == "in0"
+    assert header["outputs"][0]["parameters"]["shared_memory_region"] == "out"
+    assert header["parameters"] == {"sequence_id": 7, "sequence_start": False,
+                                    "sequence_end": True}  # fmt: skip
+    grpc = grpc_sequence_template("m", "", TENSORS, TYPES, placed=placed, outputs=outputs)
+    request = service_pb2.ModelInferRequest.FromString(grpc.build(grpc.id_part(7), True, False)[5:])
+    assert not request.raw_input_contents
+    assert request.inputs[0].parameters["shared_memory_region"].string_param == "in0"
+    assert request.outputs[0].parameters["shared_memory_byte_size"].int64_param == 64
+    assert request.parameters["sequence_start"].bool_param is True
+
+
 def test_perf_drives_serial_sequences_at_a_request_rate(accumulate_worker):
     points = _perf(accumulate_worker, "http", request_rates=[200.0],
                    sequence=SequenceOptions(length=4, count=3, serial=True))  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -608,3 +609,26 @@ def test_quick_and_optuna_search_the_values_model_config_parameters_lists(tmp_pa
         "parameters: {x: {string_value: y}}}\n")  # fmt: skip
     config = load_profile_config(["-f", str(tmp_path / "c.yaml")], cwd=tmp_path)
     assert any("parameters only vary in brute mode" in note for note in config.notes)
+
+
+def test_perf_analyzer_max_threads_caps_the_load_generators_processes(tmp_path):
+    """perf_analyzer's max-threads (its async threads, each with many requests in flight) is the
+    most processes our load generator grows to; async is how it always sends; sync is noted."""
+    from analyzer.profile_setup import measure_options
+
+    yaml_file = tmp_path / "cfg.yaml"
+    yaml_file.write_text("perf_analyzer_flags: {max-threads: 2, async: true, sync: true}\n")
+    config = load_profile_config(["-m", str(EXAMPLES), "--profile-models", "add_sub", "-f",
+                                  str(yaml_file)], cwd=tmp_path)  # fmt: skip
+    said = " ".join(config.notes)
+    assert "'sync' has no effect here" in said
+    assert "'max-threads'" not in said and "'async'" not in said
+    _, options = measure_options(config, config.models[0])
+    assert options.max_threads == 2
+    assert [options.process_limit(cores) for cores in (1, 2, 16)] == [1, 2, 2]
+    assert dataclasses.replace(options, max_threads=0).process_limit(16) == 16
+    yaml_file.write_text("perf_analyzer_flags: {max-threads: many}\n")
+    config = load_profile_config(["-m", str(EXAMPLES), "--profile-models", "add_sub", "-f",
+                                  str(yaml_file)], cwd=tmp_path)  # fmt: skip
+    with pytest.raises(ValueError, match="'max-threads' is 'many'; expected a whole number"):
+        measure_options(config, config.models[0])

@@ -168,3 +168,59 @@ def test_tls_flags_that_cannot_work_are_one_sentence(tmp_path):
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert run.returncode == 2
     assert "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key" in run.stderr
+
+
+def _remote_profile(tmp_path: Path, protocol: str, http: str, grpc: str, metrics: str,
+                    pa_flags: dict) -> subprocess.CompletedProcess:  # fmt: skip
+    """A remote-mode profile of add_sub's own config at one load, its perf_analyzer_flags from
+    a YAML file as an MA user writes them."""
+    import yaml
+    from test_profile import profile
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"perf_analyzer_flags": pa_flags}))
+    return profile(tmp_path, "-f", "cfg.yaml", "--model-repository", str(EXAMPLES),
+                   "--profile-models", "add_sub", "--triton-launch-mode", "remote",
+                   "--triton-http-endpoint", http, "--triton-grpc-endpoint", grpc,
+                   "--triton-metrics-url", metrics, "--client-protocol", protocol,
+                   "--run-config-search-disable", "--concurrency", "2",
+                   "--measurement-interval", "300", "--max-trials", "3", "--final-rounds", "0",
+                   "--client-max-retries", "3", "--output-model-repository-path", "OUT",
+                   "--export-path", "EXP")  # fmt: skip
+
+
+def test_remote_mode_controls_and_measures_a_server_over_tls(certs, tmp_path):
+    """As MA's client does: the control calls (ready, load, unload) go to client_protocol's
+    endpoint with perf_analyzer_flags' ssl-* keys, over gRPC with ssl-grpc-use-ssl and over
+    HTTPS with an https:// triton_http_endpoint; without them the run stops with one line."""
+    import json
+
+    served = start_worker(EXAMPLES, "--model-control-mode", "explicit", "--grpc-use-ssl=true",
+                          "--grpc-server-cert", str(certs["server"]), "--grpc-server-key",
+                          str(certs["server_key"]))  # fmt: skip
+    metrics = served.metrics
+    try:
+        grpc_flags = {"ssl-grpc-use-ssl": True,
+                      "ssl-grpc-root-certifications-file": str(certs["server"])}  # fmt: skip
+        with _TlsProxy(certs["server"], certs["server_key"], served.http) as https:
+            runs = {
+                "grpc": _remote_profile(tmp_path / "grpc", "grpc", served.http, served.grpc,
+                                        metrics, grpc_flags),
+                "https": _remote_profile(tmp_path / "https", "http", https, served.grpc, metrics,
+                                         {"ssl-https-ca-certificates-file":
+                                          str(certs["server"])}),
+            }  # fmt: skip
+            plain = _remote_profile(tmp_path / "plain", "grpc", served.http, served.grpc,
+                                    metrics, {})  # fmt: skip
+        for name, run in runs.items():
+            assert run.returncode == 0, name + run.stdout + run.stderr
+            document = json.loads((tmp_path / name / "EXP" / "results" /
+                                   "profile_results.json").read_text())  # fmt: skip
+            points = [m for c in document["models"][0]["configs"] for m in c["measurements"]]
+            assert points and all(m["metrics"]["perf_throughput"] > 0 for m in points), name
+        assert plain.returncode != 0
+        assert "no server ready at triton_grpc_endpoint" in plain.stdout + plain.stderr
+        assert "ssl-* keys of perf_analyzer_flags" in plain.stdout + plain.stderr
+        assert served.process.poll() is None  # the server is not ours to stop
+    finally:
+        assert served.stop() == 0, "".join(served.output)

@@ -84,6 +84,11 @@ def perf(
     client_processes: Annotated[
         int, typer.Option(help="Load-generator processes (0: one, more when it saturates).")
     ] = 0,
+    max_threads: Annotated[
+        int, typer.Option("--max-threads", min=0,
+                          help="perf_analyzer's: the most load-generator processes (each sends "
+                               "many requests at once); 0: up to the cores.")
+    ] = 0,
     warmup_ms: Annotated[int, typer.Option(help="Adaptive mode warm-up, ms.")] = 250,
     min_window_ms: Annotated[int, typer.Option(help="Adaptive mode shortest window, ms.")] = 1000,
     server_pid: Annotated[
@@ -188,7 +193,8 @@ def perf(
             distribution=request_distribution.value, batch_size=batch_size,
             input_data=input_data, shapes=parse_shapes(shape or []), string_length=string_length,
             settings=settings, latency_threshold_ms=latency_threshold,
-            client_processes=client_processes, server_pid=server_pid, gpus=list(gpus or []),
+            client_processes=client_processes, max_threads=max_threads, server_pid=server_pid,
+            gpus=list(gpus or []),
             monitor_interval_s=monitor_interval_ms / 1000.0, seed=seed, sequence=sequence,
             streaming=streaming, headers=parse_headers(http_header or []),
             shared_memory=shared_memory, output_shm_size=output_shared_memory_size,

@@ -41,11 +41,9 @@ IGNORED = {
         "profiling with genai-perf is not built in)"
     ),
     "genai_perf_flags": Ignored("LLM profiling with genai-perf is not built in", cli=False),
-    "run_config_profile_models_concurrently_enable": Ignored(
-        "models are profiled one after another", "bool"
-    ),
     "weighting": Ignored(
-        "it weights models profiled concurrently, and models are profiled one after another",
+        "a model's weight when models are profiled together is set per model "
+        "(profile_models.<model>.weighting), as MA requires",
         cli=False,
     ),
 }

@@ -22,7 +22,8 @@ PERF_FLAGS = {
     "shape", "input-data", "measurement-mode", "measurement-interval", "measurement-request-count",
     "stability-percentage", "max-trials", "percentile", "request-distribution", "string-length",
     "protocol", "batch-size", "num-of-sequences", "sequence-length", "sequence-id-range",
-    "streaming", "http-header", "shared-memory", "output-shared-memory-size", *SSL_FLAGS,
+    "streaming", "http-header", "shared-memory", "output-shared-memory-size", "max-threads",
+    "async", *SSL_FLAGS,
 }  # fmt: skip
 
 
@@ -43,6 +44,7 @@ class ModelSpec:
     # one worker serves every model of a run: these are merged, the run's own settings last
     triton_server_environment: dict[str, str] = field(default_factory=dict)
     triton_docker_args: dict[str, Any] = field(default_factory=dict)
+    weighting: float = 1.0  # its weight among models profiled together (MA's weighting)
 
 
 def objectives(value: Any, where: str) -> dict[str, float]:
@@ -95,10 +97,8 @@ def constraints(value: Any, where: str) -> dict[str, dict[str, float]]:
 _SET_PER_POINT = "the profiler sets it for each point"
 # MA 1.58's other perf_analyzer_flags keys: accepted, each with what happens instead
 PERF_FLAG_NOTES = {
-    "async": "requests are always sent asynchronously, a closed loop at the load asked",
-    "sync": "requests are always sent asynchronously, a closed loop at the load asked",
-    "max-threads": "the load generator sizes its own connections and processes "
-                   "(--client-processes)",
+    "sync": "requests are sent asynchronously (as with async), each concurrency slot one request "
+            "at a time: the same closed loop at the load asked as sync mode's threads",
     "latency-threshold": "each point is one load level, as MA runs perf_analyzer, so there is no "
                          "perf_analyzer sweep to stop (latency_budget and early_exit_enable are "
                          "the search's)",
@@ -188,9 +188,14 @@ def _model_spec(
         notes.append(f"{here}.model_config_parameters: {', '.join(others)} only vary in brute "
                      "mode; quick and optuna search the max_batch_size, instance_group count "
                      "and max_queue_delay_microseconds values listed")  # fmt: skip
-    if "weighting" in params:
+    weighting = params.get("weighting", 1)
+    if isinstance(weighting, bool) or not isinstance(weighting, int | float) or weighting <= 0:
+        raise ProfileConfigError(f"{here}.weighting is {weighting!r}; expected a number > 0 (the "
+                                 "model's weight when models are profiled together)")  # fmt: skip
+    if "weighting" in params and not values["run_config_profile_models_concurrently_enable"]:
         notes.append(f"profile_models.{name}.weighting has no effect here: it weights models "
-                     "profiled concurrently, and models are profiled one after another")
+                     "profiled together (run_config_profile_models_concurrently_enable), and "
+                     "these are profiled one after another")  # fmt: skip
     if "genai_perf_flags" in params:
         notes.append(f"profile_models.{name}.genai_perf_flags has no effect here: LLM profiling "
                      "with genai-perf is not built in")
@@ -222,6 +227,7 @@ def _model_spec(
         triton_server_environment=environment(params.get("triton_server_environment"),
                                               f"{here}.triton_server_environment"),
         triton_docker_args=dict(docker_args),
+        weighting=float(weighting),
     )  # fmt: skip
 
 

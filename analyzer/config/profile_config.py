@@ -121,6 +121,12 @@ def load_settings(cli: dict[str, Any], cwd: Path | None = None) -> ProfileConfig
     models = model_specs(
         raw.get("profile_models"), values, sources.get("profile_models", where), notes
     )
+    mode = raw.get("run_config_search_mode")
+    if values["run_config_profile_models_concurrently_enable"] and len(models) > 1 \
+            and mode in ("brute", "optuna"):  # fmt: skip
+        notes.append(f"{sources['run_config_search_mode']}: run_config_search_mode {mode}: "
+                     "models profiled together (run_config_profile_models_concurrently_enable) "
+                     "are searched with the quick search, as MA's multi-model search is")
     return ProfileConfig.from_values(values, models, notes)
 
 

@@ -80,6 +80,10 @@ class Settings:
     run_config_search_disable: bool = setting("bool", False,
         "Measure only the model's own config (and model_config_parameters, if given); with no "
         "concurrency or request_rate given, at load 1 only, as MA does.")
+    run_config_profile_models_concurrently_enable: bool = setting("bool", False,
+        "Profile all models together on one worker, each driven by its own load at the same "
+        "time: one quick search over every model's knobs, ranked by each model's objectives "
+        "weighted by its weighting (MA's multi-model search).")
     run_config_search_min_concurrency: int = setting("int", 1, "Lowest concurrency swept.")
     run_config_search_max_concurrency: int = setting("int", 1024, "Highest concurrency swept.")
     run_config_search_min_request_rate: int = setting("int", 16, "Lowest request rate swept.")

@@ -5,51 +5,81 @@ Nothing is started, stopped or written on the server: each variant is loaded und
 own name with its config passed in the load request (the repository API's "config" parameter,
 Triton's JSON form of the model config), measured, and unloaded. The model's files are the ones
 in the server's repository. GPU numbers come from the server's metrics endpoint.
+
+As MA's own client does, these calls go to the endpoint of `client_protocol` with the TLS of
+perf_analyzer_flags' `ssl-*` keys: a server reached only over TLS (gRPC with
+`ssl-grpc-use-ssl`, or HTTPS with an `https://` triton_http_endpoint) is controlled and measured
+over TLS alike.
 """
 
 from __future__ import annotations
 
-import http.client
 import time
 
 from google.protobuf import json_format
 
 from analyzer.config.model_config import ModelConfig, parse_model_config
-from analyzer.launch.base import Launcher, LaunchSetupError
+from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
+from analyzer.loadgen.control import ControlClient, ServerError, control_client
+from analyzer.tls import ClientTls
 
 
 class RemoteLauncher(Launcher):
     remote = True
 
     def __init__(self, http_url: str, grpc_url: str, metrics_url: str,
-                 startup_timeout_s: float = 120.0) -> None:  # fmt: skip
+                 startup_timeout_s: float = 120.0, protocol: str = "http",
+                 tls: ClientTls | None = None,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:  # fmt: skip
         self.http_url = _host_port(http_url, "triton_http_endpoint")
         self.grpc_url = _host_port(grpc_url, "triton_grpc_endpoint")
         self.metrics_url = metrics_url
         self.startup_timeout_s = startup_timeout_s
+        self.protocol = protocol
+        self.tls, self.headers = tls, headers
         self._ready = False
+
+    @property
+    def _endpoint(self) -> str:
+        """The flag naming the endpoint the control calls use."""
+        return f"triton_{self.protocol}_endpoint"
+
+    def _control(self, timeout_s: float) -> ControlClient:
+        url = self.grpc_url if self.protocol == "grpc" else self.http_url
+        return control_client(self.protocol, url, "", headers=self.headers, tls=self.tls,
+                              timeout=timeout_s)  # fmt: skip
+
+    def _health(self, which: str) -> str:
+        """'' when the server says it is `which`; else why not."""
+        control = self._control(5.0)
+        try:
+            return control.server_health(which)
+        finally:
+            control.close()
 
     def start(self) -> None:
         """Wait for the server to be ready (it may still be starting)."""
         deadline = time.monotonic() + self.startup_timeout_s
         last = ""
         while time.monotonic() < deadline:
-            status, last = self._get("/v2/health/ready")
-            if status == 200:
+            last = self._health("ready")
+            if not last:
                 self._ready = True
                 return
             time.sleep(0.5)
+        url = self.grpc_url if self.protocol == "grpc" else self.http_url
         raise LaunchSetupError(
-            f"no server ready at triton_http_endpoint {self.http_url} after "
-            f"{self.startup_timeout_s:.0f} s ({last or 'no answer'}); start it in explicit "
-            "model-control mode, or fix --triton-http-endpoint"
+            f"no server ready at {self._endpoint} {url} after {self.startup_timeout_s:.0f} s "
+            f"({last or 'no answer'}); start it in explicit model-control mode, or fix "
+            f"--{self._endpoint.replace('_', '-')} (or the ssl-* keys of perf_analyzer_flags "
+            "for a server reached over TLS)"
         )
 
     def stop(self) -> None:
         self._ready = False  # the server is not ours to stop
 
     def alive(self) -> bool:
-        return self._ready and self._get("/v2/health/live")[0] == 200
+        return self._ready and not self._health("live")
 
     def exit_status(self) -> str:
         return "" if self.alive() else f"the server at {self.http_url} stopped answering"
@@ -64,26 +94,28 @@ class RemoteLauncher(Launcher):
         named = ModelConfig()
         named.CopyFrom(config)
         named.name = model
-        body = {"parameters": {"config": json_format.MessageToJson(named)}}
-        self._repository_call(f"/v2/repository/models/{model}/load", timeout_s, body)
+        config_json = json_format.MessageToJson(named)
+        self._repository(lambda control: control.load_model(model, config_json), timeout_s)
 
-    def _get(self, path: str) -> tuple[int, str]:
-        host, _, port = self.http_url.rpartition(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    def unload(self, name: str, timeout_s: float = 120.0) -> None:
+        self._repository(lambda control: control.unload_model(name), timeout_s)
+
+    def _repository(self, call, timeout_s: float) -> None:
+        control = self._control(timeout_s)
         try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read().decode(errors="replace")[:200]
-        except OSError as err:
-            return 0, str(err)
+            call(control)
+        except ServerError as err:
+            raise LaunchError(str(err)) from None
         finally:
-            conn.close()
+            control.close()
 
 
 def _host_port(url: str, field: str) -> str:
-    """host:port from 'host:port' or 'http://host:port'; a clear error otherwise."""
+    """host:port from 'host:port' or 'http://host:port', 'https://host:port' kept as given (the
+    load generator then speaks HTTPS, as perf_analyzer does); a clear error otherwise."""
+    secure = url.startswith("https://")
     text = url.split("://", 1)[-1].rstrip("/")
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
         raise LaunchSetupError(f"{field} '{url}' is not host:port")
-    return text
+    return f"https://{text}" if secure else text

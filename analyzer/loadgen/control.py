@@ -59,6 +59,19 @@ class ControlClient(ABC):
     @abstractmethod
     def unregister_system_shm(self, name: str) -> None: ...
 
+    @abstractmethod
+    def server_health(self, which: str) -> str:
+        """'' when the server answers that it is `which` ("ready" or "live"), else why not."""
+
+    @abstractmethod
+    def load_model(self, name: str, config_json: str = "") -> None:
+        """The repository API's load, with Triton's JSON model config in place of the
+        server's own when `config_json` is given."""
+
+    @abstractmethod
+    def unload_model(self, name: str) -> None:
+        """The repository API's unload, with its dependents (an ensemble's composing models)."""
+
     def close(self) -> None:  # noqa: B027 - most transports hold nothing to release
         """Release connections."""
 
@@ -124,6 +137,21 @@ class HttpControl(ControlClient):
 
     def unregister_system_shm(self, name: str) -> None:
         self._get(f"/v2/systemsharedmemory/region/{name}/unregister", {})
+
+    def server_health(self, which: str) -> str:
+        try:
+            self._get(f"/v2/health/{which}")
+        except ServerError as err:
+            return str(err)
+        return ""
+
+    def load_model(self, name: str, config_json: str = "") -> None:
+        body = {"parameters": {"config": config_json}} if config_json else {}
+        self._get(f"/v2/repository/models/{name}/load", body)
+
+    def unload_model(self, name: str) -> None:
+        self._get(f"/v2/repository/models/{name}/unload",
+                  {"parameters": {"unload_dependents": True}})  # fmt: skip
 
     def close(self) -> None:
         self._conn.close()
@@ -200,17 +228,42 @@ class GrpcControl(ControlClient):
         self._call("SystemSharedMemoryUnregister",
                    service_pb2.SystemSharedMemoryUnregisterRequest(name=name))  # fmt: skip
 
+    def server_health(self, which: str) -> str:
+        from tritonclient.grpc import service_pb2
+
+        method = "ServerReady" if which == "ready" else "ServerLive"
+        try:
+            answer = self._call(method, getattr(service_pb2, f"{method}Request")())
+        except ServerError as err:
+            return str(err)
+        return "" if getattr(answer, which) else f"{method} on {self.url} answered false"
+
+    def load_model(self, name: str, config_json: str = "") -> None:
+        from tritonclient.grpc import service_pb2
+
+        request = service_pb2.RepositoryModelLoadRequest(model_name=name)
+        if config_json:
+            request.parameters["config"].string_param = config_json
+        self._call("RepositoryModelLoad", request)
+
+    def unload_model(self, name: str) -> None:
+        from tritonclient.grpc import service_pb2
+
+        request = service_pb2.RepositoryModelUnloadRequest(model_name=name)
+        request.parameters["unload_dependents"].bool_param = True
+        self._call("RepositoryModelUnload", request)
+
     def close(self) -> None:
         self._channel.close()
 
 
 def control_client(
     protocol: str, url: str, model: str, version: str = "", headers=(),
-    tls: ClientTls | None = None,
+    tls: ClientTls | None = None, timeout: float = 30.0,
 ) -> ControlClient:  # fmt: skip
     if protocol == "http":
-        return HttpControl(url, model, version, headers, tls=tls)
+        return HttpControl(url, model, version, headers, timeout, tls=tls)
     if protocol == "grpc":
-        return GrpcControl(url, model, version, headers, tls=tls)
+        return GrpcControl(url, model, version, headers, timeout, tls=tls)
     raise ServerError(f"-i {protocol}: the protocol must be http or grpc")
 

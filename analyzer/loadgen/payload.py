@@ -102,14 +102,21 @@ def http_shm_request(
 ) -> bytes:  # fmt: skip
     """`http_request` whose tensors lie in registered shared memory (`placed`, `outputs`: name ->
     shm.Placed): a JSON body naming the regions, no tensor bytes."""
-    body = json.dumps({
-        "inputs": [{"name": n, "shape": list(a.shape), "datatype": datatypes[n],
-                    "parameters": placed[n].parameters()} for n, a in tensors.items()],
-        "outputs": [{"name": n, "parameters": p.parameters()} for n, p in outputs.items()],
-    }, separators=(",", ":")).encode()  # fmt: skip
+    body = json.dumps(_http_shm_fields(tensors, datatypes, placed, outputs),
+                      separators=(",", ":")).encode()  # fmt: skip
     head = (f"{_http_head(host, model, version, headers)}"
             f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
     return head + body
+
+
+def _http_shm_fields(tensors: dict[str, np.ndarray], datatypes: dict[str, str], placed: dict,
+                     outputs: dict) -> dict:  # fmt: skip
+    """The JSON body's inputs and outputs, each naming its shared-memory region."""
+    return {
+        "inputs": [{"name": n, "shape": list(a.shape), "datatype": datatypes[n],
+                    "parameters": placed[n].parameters()} for n, a in tensors.items()],
+        "outputs": [{"name": n, "parameters": p.parameters()} for n, p in outputs.items()],
+    }  # fmt: skip
 
 
 def grpc_shm_request(
@@ -118,13 +125,18 @@ def grpc_shm_request(
 ) -> bytes:  # fmt: skip
     """`grpc_request` whose tensors lie in registered shared memory: no raw contents."""
     request, _ = _grpc_parts(model, version, tensors, datatypes, decoupled)
+    _place(request, placed, outputs)
+    return grpc_message(request.SerializeToString())
+
+
+def _place(request, placed: dict, outputs: dict) -> None:
+    """Point a ModelInferRequest's inputs and outputs at their shared-memory regions."""
     for tensor in request.inputs:
         _shm_parameters(tensor.parameters, placed[tensor.name].parameters())
     for name, where in outputs.items():
         wanted = request.outputs.add()
         wanted.name = name
         _shm_parameters(wanted.parameters, where.parameters())
-    return grpc_message(request.SerializeToString())
 
 
 def _shm_parameters(target, values: dict) -> None:
@@ -137,9 +149,15 @@ def _shm_parameters(target, values: dict) -> None:
 
 def http_sequence_template(
     host: str, model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
-    headers: Headers = (),
+    headers: Headers = (), placed: dict | None = None, outputs: dict | None = None,
 ) -> HttpSequenceTemplate:  # fmt: skip
-    """`http_request` as a template whose sequence id and START/END flags are filled per step."""
+    """`http_request` as a template whose sequence id and START/END flags are filled per step;
+    with `placed`/`outputs` (shared memory) `http_shm_request`'s body instead."""
+    if placed is not None:
+        fields = json.dumps(_http_shm_fields(tensors, datatypes, placed, outputs or {}),
+                            separators=(",", ":")).encode()  # fmt: skip
+        json_head = fields[:-1] + b',"parameters":{"sequence_id":'
+        return HttpSequenceTemplate(_http_head(host, model, version, headers), json_head, b"")
     inputs, blobs = _http_inputs(tensors, datatypes)
     json_head = (
         b'{"inputs":' + json.dumps(inputs, separators=(",", ":")).encode()
@@ -183,14 +201,18 @@ def grpc_request(
 
 def grpc_sequence_template(
     model: str, version: str, tensors: dict[str, np.ndarray], datatypes: dict[str, str],
-    decoupled: bool = False,
+    decoupled: bool = False, placed: dict | None = None, outputs: dict | None = None,
 ) -> GrpcSequenceTemplate:  # fmt: skip
     """`grpc_request` as a template: a message's fields may come in any order, so the sequence
     parameters go between the fixed fields and the raw contents (a serialized message is the
-    concatenation of its fields' encodings)."""
+    concatenation of its fields' encodings). With `placed`/`outputs` the tensors are in shared
+    memory and there are no raw contents."""
     from tritonclient.grpc import service_pb2
 
     request, raw = _grpc_parts(model, version, tensors, datatypes, decoupled)
+    if placed is not None:
+        _place(request, placed, outputs or {})
+        raw = service_pb2.ModelInferRequest()
 
     def entry(key: str, value: bool) -> bytes:
         message = service_pb2.ModelInferRequest()

@@ -48,6 +48,13 @@ class PerfOptions:
     settings: MeasureSettings = field(default_factory=MeasureSettings)
     latency_threshold_ms: float = 0.0  # stop the sweep once the (percentile) latency exceeds it
     client_processes: int = 0  # 0: start with one, add one when it saturates, up to the cores
+    # perf_analyzer's --max-threads: the most load-generator processes that growing may reach
+    # (each sends many requests at once, as each of perf_analyzer's async threads does)
+    max_threads: int = 0
+
+    def process_limit(self, cores: int) -> int:
+        """How many processes the load generator may grow to on `cores` cores."""
+        return min(cores, self.max_threads) if self.max_threads > 0 else cores
     server_pid: int | None = None  # sample this process tree's CPU and memory
     gpus: list[str] = field(default_factory=list)
     monitor_interval_s: float = 0.1
@@ -149,9 +156,6 @@ def encode(options: PerfOptions, io: ModelIO, sequence: SequenceOptions | None,
         raise InputError(f"--shared-memory {options.shared_memory}: this load generator makes "
                          "system shared memory only (CUDA shared memory needs a GPU build); use "
                          "system or none")  # fmt: skip
-    if sequence is not None:
-        raise InputError("--shared-memory with a sequence model is not sent yet: its requests "
-                         "change per step; use --shared-memory none")  # fmt: skip
     if options.output_shm_size < 1:
         raise InputError(f"--output-shared-memory-size {options.output_shm_size} must be positive")
     requests = make_requests(io, options.batch_size, options.input_data, options.shapes,
@@ -160,14 +164,19 @@ def encode(options: PerfOptions, io: ModelIO, sequence: SequenceOptions | None,
     control = control_client(options.protocol, options.url, io.name, options.version,
                              options.headers, options.tls)  # fmt: skip
     shared = SharedTensors(control, requests, datatypes, io.outputs, options.output_shm_size)
+    # a sequence model's steps differ only in their sequence parameters: templates, as without
+    # shared memory, whose tensors name the regions
+    payloads: list
     if options.protocol == "grpc":
-        payloads = [grpc_shm_request(io.name, options.version, r, datatypes, shared.inputs[i],
-                                     shared.outputs, decoupled)
+        grpc = grpc_sequence_template if sequence is not None else grpc_shm_request
+        payloads = [grpc(io.name, options.version, r, datatypes, decoupled=decoupled,
+                         placed=shared.inputs[i], outputs=shared.outputs)
                     for i, r in enumerate(requests)]  # fmt: skip
     else:
         host = options.url.split("://", 1)[-1]
-        payloads = [http_shm_request(host, io.name, options.version, r, datatypes,
-                                     shared.inputs[i], shared.outputs, options.headers)
+        http = http_sequence_template if sequence is not None else http_shm_request
+        payloads = [http(host, io.name, options.version, r, datatypes, headers=options.headers,
+                         placed=shared.inputs[i], outputs=shared.outputs)
                     for i, r in enumerate(requests)]  # fmt: skip
     return payloads, shared
 
@@ -214,7 +223,8 @@ def run_perf(
             )
             for value in options.values:
                 point = measurer.measure(options.mode, value, options.distribution)
-                while auto and point.more_clients_help and len(client.shards) < cores:
+                while (auto and point.more_clients_help
+                       and len(client.shards) < options.process_limit(cores)):  # fmt: skip
                     client.add_process()
                     point = measurer.measure(options.mode, value, options.distribution)
                 yield point

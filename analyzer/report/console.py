@@ -11,8 +11,10 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from analyzer.results.finals import Comparison
+from analyzer.results.measurement import Measurement
 from analyzer.results.outcome import ModelOutcome
 from analyzer.results.ranking import ConfigResult, top_across_models
+from analyzer.results.together import per_model
 from analyzer.terminal import print_whole
 
 
@@ -222,12 +224,12 @@ def _top_row(r: ConfigResult, base: float, finals: bool) -> list[str]:
         r.name + (" *" if r.pareto else ""), d["instance_group"],
         str(d.get("max_batch_size_text", d["max_batch_size"])), delay,
         f"{_load_label(m.load, m.value)} b={m.batch_size}",
-        f"{m.metrics['perf_throughput']:.1f}",
+        f"{m.metrics['perf_throughput']:.1f}{_each(m, 'perf_throughput', '.1f')}",
     ]  # fmt: skip
     if finals:
         f = r.final
         row.append(f"{f.throughput.low:.1f}-{f.throughput.high:.1f}" if f else "-")
-    row.append(f"{m.metrics['perf_latency_p99']:.3f}")
+    row.append(f"{m.metrics['perf_latency_p99']:.3f}{_each(m, 'perf_latency_p99', '.3f')}")
     if finals:
         row.append(f"{f.p99.low:.3f}-{f.p99.high:.3f}" if f else "-")
     row += [ratio, "yes" if r.satisfies else "[yellow]no[/]"]
@@ -273,6 +275,15 @@ def _print_verdict(console: Console, model: ModelOutcome, measured: list[ConfigR
                       f"(e.g. {model.skipped[0]})[/]")  # fmt: skip
 
 
+def _each(m: Measurement, tag: str, spec: str) -> str:
+    """Models profiled together: each model's value in parentheses after the whole server's
+    (throughput summed, latency the worst), as MA's summary shows them; "" for one model."""
+    values = per_model(m, tag)
+    if not values:
+        return ""
+    return " (" + ", ".join(f"{name} {value:{spec}}" for name, value in values.items()) + ")"
+
+
 def _throughput(result: ConfigResult | None) -> float:
     if result is None or result.best is None:
         return 0.0
@@ -284,8 +295,9 @@ def recommendation(winner: ConfigResult, default: ConfigResult | None) -> str:
     assert m is not None
     text = (
         f"[bold green]Best config for {winner.model}: {winner.name}[/] ({_setting(winner)}): "
-        f"{m.metrics['perf_throughput']:.1f} infer/s at {_load_label(m.load, m.value)}, "
-        f"p99 latency {m.metrics['perf_latency_p99']:.3f} ms"
+        f"{m.metrics['perf_throughput']:.1f}{_each(m, 'perf_throughput', '.1f')} infer/s at "
+        f"{_load_label(m.load, m.value)}, p99 latency "
+        f"{m.metrics['perf_latency_p99']:.3f}{_each(m, 'perf_latency_p99', '.3f')} ms"
     )
     base = _throughput(default)
     if default is not None and base:

@@ -24,6 +24,7 @@ from analyzer.config.model_config import ConfigError, load_model_config, write_m
 from analyzer.errors import AnalyzerError
 from analyzer.report.html import load_results
 from analyzer.results.plan import read_plan
+from analyzer.results.together import SEPARATOR
 
 FORMATS = ("triton", "kserve")
 SERVICE_FILE = "inferenceservice.yaml"
@@ -53,6 +54,15 @@ def export(export_path: Path, fmt: str, output: Path, models: list[str] | None =
     services = []
     for model in chosen:
         winner = _winner(model)
+        parts = _together(model["name"], winner)
+        if parts:  # models profiled together: each model's variant under its own name
+            if fmt == "kserve":
+                raise ExportError(f"'{model['name']}' was profiled together (run_config_profile_"
+                                  "models_concurrently_enable): export it with --format triton, "
+                                  "one repository serving every model")  # fmt: skip
+            for name, variant in parts:
+                written += _repository_entry(name, variant, output)
+            continue
         written += _repository_entry(model["name"], winner, output)
         if fmt == "kserve":
             services.append(inference_service(model["name"], winner, results, storage_uri or "",
@@ -79,6 +89,18 @@ def _winner(model: dict[str, Any]) -> dict[str, Any]:
         raise ExportError(f"model '{model['name']}' has no measured config to export"
                           + (f" ({model['error']})" if model.get("error") else ""))
     return min(measured, key=lambda c: c["rank"])
+
+
+def _together(name: str, winner: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A joint winner of models profiled together: (model, its variant as a winner) for each;
+    empty for one model's winner."""
+    folders = winner["description"].get("composing_configs") or []
+    names = name.split(SEPARATOR)
+    if len(names) < 2 or len(names) != len(folders):
+        return []
+    root = Path(winner["path"])
+    return [(model, {"name": folder, "path": str(root / folder)})
+            for model, folder in zip(names, folders, strict=True)]  # fmt: skip
 
 
 def _repository_entry(name: str, winner: dict[str, Any], output: Path) -> list[Path]:

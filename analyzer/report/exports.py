@@ -32,7 +32,9 @@ def _config_path(r: ConfigResult) -> str:
     """The variant's name; an ensemble's lists its composing variants after it, as MA does
     (`ensemble_config_0: add_sub_config_1, mul_config_0`)."""
     composing = r.description.get("composing_configs")
-    return f"{r.name}: {', '.join(composing)}" if composing else r.name
+    if not composing or r.name == ",".join(composing):  # models profiled together: a,b
+        return r.name
+    return f"{r.name}: {', '.join(composing)}"
 
 
 def _metric(tag: str, digits: int = 3) -> Getter:

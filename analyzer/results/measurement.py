@@ -35,8 +35,8 @@ class Measurement:
     host: str = ""  # the process that measured it (hostname:pid), for studies shared by many
 
     def metric(self, tag: str) -> float | None:
-        if tag == "perf_latency":
-            tag = "perf_latency_p99"
+        if tag.endswith("perf_latency") and tag.rpartition(":")[2] == "perf_latency":
+            tag += "_p99"  # MA's alias, also as "<model>:perf_latency" (models profiled together)
         return self.metrics.get(tag)
 
     def to_dict(self) -> dict[str, Any]:

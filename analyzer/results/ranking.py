@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from analyzer.metrics import DIRECTIONS, unit
+from analyzer.metrics import base_tag, direction, unit
 from analyzer.results.finals import Comparison, FinalResult
 from analyzer.results.measurement import Measurement
 
@@ -51,6 +51,9 @@ class ConfigResult:
     # a BLS variant's composing models: (name it calls, variant folder) served under that name
     # before it is loaded
     serve_first: list[tuple[str, str]] = field(default_factory=list)
+    # models profiled together: each model's variant, (model, variant folder, its config text),
+    # all loaded at once and measured side by side (results/together.py)
+    together: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 class Ranker:
@@ -88,7 +91,8 @@ class Ranker:
 
     def breaks_latency_limit(self, m: Measurement) -> bool:
         return any(
-            "max" in b and tag.startswith("perf_latency") and (m.metric(tag) or 0) > b["max"]
+            "max" in b and base_tag(tag).startswith("perf_latency")
+            and (m.metric(tag) or 0) > b["max"]
             for tag, b in self.constraints.items()
         )
 
@@ -100,7 +104,7 @@ class Ranker:
             value = m.metric(tag)
             if value is None:
                 continue
-            sign = 1.0 if DIRECTIONS.get(tag, True) else -1.0
+            sign = 1.0 if direction(tag) else -1.0
             total += weight * sign * math.log(max(value, 1e-9))
         return total
 
@@ -140,7 +144,7 @@ class Ranker:
         if not tags:
             return set()
         feasible = [m for _, m in points if not self.violations(m)] or [m for _, m in points]
-        signs = [1.0 if DIRECTIONS.get(t, True) else -1.0 for t in tags]
+        signs = [1.0 if direction(t) else -1.0 for t in tags]
         vectors = {id(m): [s * (m.metric(t) or 0.0) for s, t in zip(signs, tags, strict=True)]
                    for m in feasible if all(m.metric(t) is not None for t in tags)}  # fmt: skip
 
