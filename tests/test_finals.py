@@ -160,6 +160,25 @@ def test_the_cheapest_of_the_tied_needs_a_real_saving_else_the_leader_stays():
     assert name == "e" and why == "a smaller max batch size (8 vs 16)"
 
 
+def test_a_round_without_a_memory_sample_makes_no_config_cheaper():
+    """Seen in a brute run: one of ten 0.3-s rounds had no RSS sample; the config's combined
+    memory became unknown, was read as 0 MB, and the tie rule called it "less memory (0 vs 381
+    MB)". A round without a sample now says nothing of memory, and unknown memory is never
+    less."""
+    from analyzer.results.finals import cheapest, combine
+
+    rounds = [point("b", 3900.0, memory=383.0) for _ in range(3)]
+    del rounds[1].metrics["cpu_used_ram"]
+    assert combine(rounds).metrics["cpu_used_ram"] == 383.0
+    one = {"instance_count": 1, "max_batch_size": 8}
+    unread = point("c", 3880.0)
+    del unread.metrics["cpu_used_ram"]
+    leader = ("leader", one, point("leader", 3925.0, memory=381.0))
+    assert cheapest([leader, ("c", one, unread)]) == ("leader", "")
+    smaller = {"instance_count": 1, "max_batch_size": 4}
+    assert cheapest([leader, ("c", smaller, unread)]) == ("c", "a smaller max batch size (4 vs 8)")
+
+
 class _FakeProfiler:
     """Just what the final comparison drives: a model whose throughput and p99 at each load are
     given, measured without noise, and a checkpoint that a second run reads back."""

@@ -54,10 +54,13 @@ def ratio_interval(a: list[float], b: list[float]) -> Interval:
 
 
 def combine(rounds: list[Measurement]) -> Measurement:
-    """One measurement from the rounds of a config: every metric is the mean over the rounds."""
+    """One measurement from the rounds of a config: every metric is the mean over the rounds that
+    have it (a monitor may have had no sample in one short round: that round says nothing of
+    memory, it does not make the config's memory unknown)."""
     first = rounds[0]
-    tags = set.intersection(*(set(m.metrics) for m in rounds))
-    metrics = {t: statistics.fmean(m.metrics[t] for m in rounds) for t in sorted(tags)}
+    tags = set.union(*(set(m.metrics) for m in rounds))
+    metrics = {t: statistics.fmean(m.metrics[t] for m in rounds if t in m.metrics)
+               for t in sorted(tags)}  # fmt: skip
     warnings = sorted({w for m in rounds for w in m.warnings})
     errors: dict[str, int] = {}
     for m in rounds:
@@ -161,24 +164,27 @@ def mark_ties(
 MEMORY_TOLERANCE = 0.10  # memory readings closer than this (relative) are the same cost
 
 
-def memory_of(m: Measurement) -> float:
-    """The point's memory: GPU memory where a GPU was read, else host RAM."""
+def memory_of(m: Measurement) -> float | None:
+    """The point's memory: GPU memory where a GPU was read, else host RAM; None when neither
+    was read (no sample fell in its windows)."""
     memory = m.metric("gpu_used_memory")
     if memory is None:
-        memory = m.metric("cpu_used_ram") or 0.0
-    return float(memory)
+        memory = m.metric("cpu_used_ram")
+    return None if memory is None else float(memory)
 
 
 def cheaper(a: tuple[dict[str, Any], Measurement], b: tuple[dict[str, Any], Measurement]) -> str:
     """Why config a (description, point) costs less than b, or "" when it does not: fewer
     instances; else less memory by more than MEMORY_TOLERANCE (a few MB of RSS is noise, not a
-    saving); else a smaller max batch size."""
+    saving; a config whose memory was not read is never "less"); else a smaller max batch
+    size."""
     (da, ma), (db, mb) = a, b
     ia, ib = int(da.get("instance_count") or 0), int(db.get("instance_count") or 0)
     if ia != ib:
         return f"fewer instances ({ia} vs {ib})" if ia < ib else ""
     mem_a, mem_b = memory_of(ma), memory_of(mb)
-    if abs(mem_a - mem_b) > MEMORY_TOLERANCE * max(mem_a, mem_b):
+    if mem_a is not None and mem_b is not None \
+            and abs(mem_a - mem_b) > MEMORY_TOLERANCE * max(mem_a, mem_b):  # fmt: skip
         return f"less memory ({mem_a:.0f} vs {mem_b:.0f} MB)" if mem_a < mem_b else ""
     sa, sb = int(da.get("max_batch_size") or 0), int(db.get("max_batch_size") or 0)
     if sa < sb:
