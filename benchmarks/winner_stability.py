@@ -216,7 +216,7 @@ def perf_analyzer_check(model: str, runs: list[dict], rounds: int, work: Path,
     served by one worker and measured by NVIDIA perf_analyzer side by side (rotating order, the
     first winner twice for the A/A floor), each at the load its search chose."""
     quick = [r for r in runs if r["mode"] == "quick"][:3]
-    if len(quick) < 3:
+    if len(quick) < 3 or rounds <= 0:  # --perf-analyzer-rounds 0: no check
         return
     default = next(c for r in runs for c in r["configs"] if c["default"])
     loads = [c["load"] for r in runs for c in r["configs"] if c["default"]]
@@ -312,7 +312,8 @@ def main() -> int:
     parser.add_argument("--brute-repeats", type=int, default=None,
                         help="brute runs (default: --repeats); one is enough to fix the config set")
     parser.add_argument("--reference-rounds", type=int, default=3)
-    parser.add_argument("--perf-analyzer-rounds", type=int, default=5)
+    parser.add_argument("--perf-analyzer-rounds", type=int, default=5,
+                        help="0: no perf_analyzer check")
     parser.add_argument("--rule", choices=("kept", "current"), default="kept",
                         help="current: each run's recommendation drawn again from its kept final "
                              "rounds by this tree's rule (to see a rule change without new runs)")

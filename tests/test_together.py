@@ -83,9 +83,9 @@ def test_two_models_are_searched_loaded_and_measured_together(tmp_path):
     run = profile(tmp_path, "--model-repository", str(repo), "--profile-models", "fast,slow",
                   "--run-config-profile-models-concurrently-enable",
                   "--output-model-repository-path", "OUT", "--export-path", "EXP",
-                  "--search-space", "SPACE", "--run-config-search-max-concurrency", "4",
+                  "--search-space", "SPACE", "--run-config-search-max-concurrency", "2",
                   "--run-config-search-max-model-batch-size", "2",
-                  "--run-config-search-max-instance-count", "2", "--num-configs-per-model", "2",
+                  "--run-config-search-max-instance-count", "2", "--num-configs-per-model", "1",
                   "--client-protocol", "http", "--measurement-interval", "300",
                   "--max-trials", "3", "--final-rounds", "2")  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
