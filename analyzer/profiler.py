@@ -486,14 +486,9 @@ class Profiler:
             except VariantError as err:
                 model.skipped.append(f"{json.dumps(params, sort_keys=True)}: {name}: {err}")
                 return None
-            names = self.part_names.setdefault(name, {})
-            text = format_model_config(_unnamed(config))
-            if text not in names:
-                made = sum(1 for n in names.values() if not n.endswith("_config_default"))
-                names[text] = variant = f"{name}_config_{made if asked else 'default'}"
-                write_variant(source.path, config, self.config.output_repository / variant)
-            parts[name] = (names[text], config)
-            together.append((name, names[text], text))
+            variant = self._part_variant(name, source, config, bool(asked))
+            parts[name] = (variant, config)
+            together.append((name, variant, format_model_config(_unnamed(config))))
         identity = "".join(f"# model {name}\n{text}" for name, _, text in together)
         same = next((r for r in model.results if r.config_text == identity), None)
         if same is not None:
@@ -510,6 +505,18 @@ class Profiler:
         self.listener("variant", {"result": result})
         return result
 
+    def _part_variant(self, name: str, source: ModelSource, config: ModelConfig,
+                      asked: bool) -> str:  # fmt: skip
+        """The folder of one composing (or jointly profiled) model's variant, written once per
+        distinct config: `add_sub_config_3`, or `add_sub_config_default` for its own config."""
+        names = self.part_names.setdefault(name, {})
+        key = format_model_config(_unnamed(config))
+        if key not in names:
+            made = sum(1 for n in names.values() if not n.endswith("_config_default"))
+            names[key] = variant = f"{name}_config_{made if asked else 'default'}"
+            write_variant(source.path, config, self.config.output_repository / variant)
+        return names[key]
+
     def _composed(self, source: ModelSource, parts: dict[str, ModelSource], params: dict,
                   cpu_only: bool) -> tuple[ModelConfig, ModelConfig, Composed]:  # fmt: skip
         """A variant with composing models: each composing model's variant written once as its
@@ -523,13 +530,8 @@ class Profiler:
         for part, part_source in parts.items():
             asked = params.get(part) or {}
             config = _variant_config(part_source.config, asked, cpu_only or part in cpu_parts)
-            names = self.part_names.setdefault(part, {})
-            key = format_model_config(_unnamed(config))
-            if key not in names:
-                made = sum(1 for n in names.values() if not n.endswith("_config_default"))
-                names[key] = variant = f"{part}_config_{made if asked else 'default'}"
-                write_variant(part_source.path, config, self.config.output_repository / variant)
-            composing[part] = (names[key], config)
+            composing[part] = (self._part_variant(part, part_source, config, bool(asked)),
+                               config)  # fmt: skip
         if source.name in self.bls_models:
             config = _variant_config(source.config, params.get(source.name) or {}, cpu_only)
             return config, config, composing
