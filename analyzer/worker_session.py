@@ -25,7 +25,7 @@ from analyzer.launch.docker import DockerLauncher
 from analyzer.launch.local import LocalLauncher
 from analyzer.launch.remote import RemoteLauncher
 from analyzer.loadgen.client import LoadClient
-from analyzer.loadgen.control import control_client
+from analyzer.loadgen.control import ControlClient, control_client
 from analyzer.loadgen.inputs import model_io
 from analyzer.loadgen.measure import Measurer, PerfPoint
 from analyzer.loadgen.output import point_text
@@ -49,19 +49,46 @@ Listener = Callable[[str, dict[str, Any]], None]  # (event, data) for progress d
 
 
 @dataclass
-class PartLoad:
-    """One model's load generator when models are profiled together: its own shard processes,
-    payloads and shared-memory regions, kept from point to point like the session's own."""
+class ModelLoad:
+    """One model's load generator, kept from point to point: its shard processes, the payloads
+    they send (encoded for `key`: one variant, batch size and protocol), their shared-memory
+    regions (--shared-memory system) and the ensemble steps whose statistics count. The session
+    has one for the model measured, and one per model when models are profiled together."""
 
     client: LoadClient | None = None
     key: tuple | None = None
     shared: SharedTensors | None = None
     composing: list[str] = field(default_factory=list)
 
-    def close(self) -> None:
+    def ready(self, key: tuple, control: ControlClient, opts: PerfOptions, processes: int,
+              seed: int) -> LoadClient:  # fmt: skip
+        """The client, sending the payloads of `key` (encoded now when they are not already):
+        `opts` are the served model's, with its URL and batch size."""
+        if self.key != key:
+            config = control.model_config()
+            io = model_io(control.model_metadata(), config)
+            self.composing = composing_models(config)
+            sequence = sequence_options(opts, config)
+            stream = stream_mode(opts, config)
+            self.drop_shared()
+            payloads, self.shared = encode(opts, io, sequence, stream)
+            if self.client is None:
+                self.client = LoadClient(opts.protocol, opts.url, payloads, processes, seed,
+                                         sequence, stream, opts.headers, opts.tls)  # fmt: skip
+                self.client.start()
+            else:
+                self.client.set_payloads(payloads, sequence, stream)
+            self.key = key
+        assert self.client is not None
+        return self.client
+
+    def drop_shared(self) -> None:
         if self.shared is not None:
             self.shared.close()
             self.shared = None
+
+    def close(self) -> None:
+        self.drop_shared()
         if self.client is not None:
             self.client.close()
             self.client = None
@@ -79,22 +106,19 @@ class WorkerSession:
         self.outcome = outcome
         self.listener = listener
         self.launcher: Launcher | None = None
-        self.client: LoadClient | None = None
+        self.own = ModelLoad()  # the load generator of the model measured
         self.samplers: dict[str, Sampler] = {}
         self.loaded: str | None = None  # the variant loaded now
         self.loaded_as = ""  # the name it is served under
-        self.payload_key: tuple | None = None
         # when a memory metric is ranked on, every variant gets a fresh worker (set per model)
         self.fresh_worker_per_variant = False
         # models served under their own names for a BLS variant: name -> (variant folder, the
         # worker start it was loaded into)
         self.serving: dict[str, tuple[str, int]] = {}
-        self.composing: list[str] = []  # the loaded variant's ensemble steps, for their stats
-        self.shared: SharedTensors | None = None  # --shared-memory system: the payloads' regions
         self.placement = Placement(None, None, "")  # CPU sets, planned when the run starts
         # models profiled together: each model's own options and load, and the variants loaded
         self.together_options: dict[str, PerfOptions] = {}
-        self.part_loads: dict[str, PartLoad] = {}
+        self.part_loads: dict[str, ModelLoad] = {}
         self.loaded_parts: list[str] = []
 
     def _ensure_worker(self) -> Launcher:
@@ -103,18 +127,13 @@ class WorkerSession:
             self.listener("worker_start", {})
             urls = (launcher.http_url, launcher.grpc_url)
             launcher.start()
-            if urls != (launcher.http_url, launcher.grpc_url) and self.client is not None:
-                self.client.close()  # a port was lost and re-chosen: reconnect at the new URL
-                self.client, self.payload_key = None, None
-            for part in self.part_loads.values():  # likewise, and no region is known any more
+            for load in (self.own, *self.part_loads.values()):
                 if urls != (launcher.http_url, launcher.grpc_url):
-                    part.close()
-                part.key = None
+                    load.close()  # a port was lost and re-chosen: reconnect at the new URL
+                load.key = None  # a new worker knows no region: register them again
             self.outcome.worker_starts += 1
             self.loaded = None
             self.loaded_parts = []
-            if self.shared is not None:  # a new worker knows no region: register them again
-                self.payload_key = None
             self._start_samplers()
         return launcher
 
@@ -202,43 +221,23 @@ class WorkerSession:
         control = control_client(options.protocol, url, served, headers=options.headers,
                                  tls=opts.tls)  # fmt: skip
         try:
-            key = (result.name, trial.batch_size, options.protocol)
-            if self.payload_key != key:
-                config = control.model_config()
-                io = model_io(control.model_metadata(), config)
-                self.composing = composing_models(config)
-                opts = dataclasses.replace(options, model=served, url=url,
-                                           batch_size=trial.batch_size)  # fmt: skip
-                sequence = sequence_options(opts, config)
-                stream = stream_mode(opts, config)
-                self._drop_shared()
-                payloads, self.shared = encode(opts, io, sequence, stream)
-                if self.client is None:
-                    processes = max(1, self.config.client_processes)
-                    self.client = LoadClient(options.protocol, url, payloads, processes,
-                                             self.config.seed, sequence, stream,
-                                             options.headers, opts.tls)  # fmt: skip
-                    self.client.start()
-                else:
-                    self.client.set_payloads(payloads, sequence, stream)
-                self.payload_key = key
-            measurer = Measurer(self.client, control, served, "", trial.batch_size,
-                                options.settings, self.samplers, True, self.composing)  # fmt: skip
+            client = self.own.ready(
+                (result.name, trial.batch_size, options.protocol), control,
+                dataclasses.replace(opts, batch_size=trial.batch_size),
+                max(1, self.config.client_processes), self.config.seed)  # fmt: skip
+            measurer = Measurer(client, control, served, "", trial.batch_size, options.settings,
+                                self.samplers, True, self.own.composing)  # fmt: skip
             self.listener("measure", {"result": result, "trial": trial})
             point = measurer.measure(trial.load, trial.value, options.distribution)
             auto = self.config.client_processes <= 0
             cores = len(os.sched_getaffinity(0))
             while (auto and point.more_clients_help
-                   and len(self.client.shards) < options.process_limit(cores)):  # fmt: skip
-                self.client.add_process()
+                   and len(client.shards) < options.process_limit(cores)):  # fmt: skip
+                client.add_process()
                 point = measurer.measure(trial.load, trial.value, options.distribution)
         finally:
             control.close()
-        if not launcher.alive():
-            raise LaunchError(
-                f"the worker exited ({launcher.exit_status()}) during the measurement; its last "
-                f"log lines:\n{launcher.last_words()}"
-            )
+        _still_alive(launcher)
         if self.config.perf_output:
             self._perf_output(result.name, trial, point)
         measurement = from_point(point, result.model, result.name, trial.load, trial.value,
@@ -276,29 +275,12 @@ class WorkerSession:
                 control = control_client(own.protocol, url, served[model], headers=own.headers,
                                          tls=opts.tls)  # fmt: skip
                 controls.append(control)
-                part = self.part_loads.setdefault(model, PartLoad())
-                key = (variant, trial.batch_size, own.protocol)
-                if part.key != key:
-                    config = control.model_config()
-                    io = model_io(control.model_metadata(), config)
-                    part.composing = composing_models(config)
-                    sequence = sequence_options(opts, config)
-                    stream = stream_mode(opts, config)
-                    if part.shared is not None:
-                        part.shared.close()
-                    payloads, part.shared = encode(opts, io, sequence, stream)
-                    if part.client is None:
-                        part.client = LoadClient(own.protocol, url, payloads,
-                                                 max(1, self.config.client_processes),
-                                                 self.config.seed + index, sequence, stream,
-                                                 own.headers, opts.tls)  # fmt: skip
-                        part.client.start()
-                    else:
-                        part.client.set_payloads(payloads, sequence, stream)
-                    part.key = key
-                assert part.client is not None
+                part = self.part_loads.setdefault(model, ModelLoad())
+                client = part.ready((variant, trial.batch_size, own.protocol), control, opts,
+                                    max(1, self.config.client_processes),
+                                    self.config.seed + index)  # fmt: skip
                 # the worker's CPU and GPU samples are the whole server's: read once
-                measurers[model] = Measurer(part.client, control, served[model], "",
+                measurers[model] = Measurer(client, control, served[model], "",
                                             trial.batch_size, options.settings,
                                             self.samplers if index == 0 else {}, True,
                                             part.composing)  # fmt: skip
@@ -307,11 +289,7 @@ class WorkerSession:
         finally:
             for control in controls:
                 control.close()
-        if not launcher.alive():
-            raise LaunchError(
-                f"the worker exited ({launcher.exit_status()}) during the measurement; its last "
-                f"log lines:\n{launcher.last_words()}"
-            )
+        _still_alive(launcher)
         now = time.time()
         parts = {}
         for model, variant, _ in result.together:
@@ -370,18 +348,12 @@ class WorkerSession:
 
     def recover(self) -> None:
         """After a failed config: idle the load, unload, and restart the worker if it died."""
-        if self.client is not None:
-            try:
-                self.client.quiesce(10)
-            except (OSError, ConnectionError, EOFError):
-                self.client.close()
-                self.client, self.payload_key = None, None
-        for part in self.part_loads.values():
-            if part.client is not None:
+        for load in (self.own, *self.part_loads.values()):
+            if load.client is not None:
                 try:
-                    part.client.quiesce(10)
+                    load.client.quiesce(10)
                 except (OSError, ConnectionError, EOFError):
-                    part.close()
+                    load.close()
         if self.launcher is not None and not self.launcher.alive():
             self.loaded = None
             return  # restarted lazily by the next measurement
@@ -396,14 +368,14 @@ class WorkerSession:
             if self.fresh_worker_per_variant:
                 self.launcher.stop()
             return
-        if self.client is not None:
-            self.client.quiesce(30)
+        if self.own.client is not None:
+            self.own.client.quiesce(30)
         try:
             self.launcher.unload(self.loaded_as)
         except LaunchError:
             pass  # a worker that cannot unload is restarted by the next load if it died
         self.loaded = None
-        self.payload_key = None
+        self.own.key = None
         if self.fresh_worker_per_variant:
             self.launcher.stop()  # started again, clean, by the next measurement
 
@@ -416,8 +388,8 @@ class WorkerSession:
         """Unload the variants `names` (several may be loaded together in a local worker)."""
         if self.launcher is None:
             return
-        if self.client is not None:
-            self.client.quiesce(30)
+        if self.own.client is not None:
+            self.own.client.quiesce(30)
         for name in names:
             if name == self.loaded_as and self.loaded is not None:
                 self.unload_variant()
@@ -427,22 +399,22 @@ class WorkerSession:
             except LaunchError:
                 pass  # a worker that cannot unload is restarted by the next load if it died
 
-    def _drop_shared(self) -> None:
-        if self.shared is not None:
-            self.shared.close()
-            self.shared = None
-
     def shutdown(self) -> None:
         for sampler in self.samplers.values():
             sampler.stop()
-        self._drop_shared()
-        for part in self.part_loads.values():
-            part.close()
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+        for load in (self.own, *self.part_loads.values()):
+            load.close()
         if self.launcher is not None:
             self.launcher.stop()
+
+
+def _still_alive(launcher: Launcher) -> None:
+    """LaunchError, with the worker's last words, when it died during the measurement."""
+    if not launcher.alive():
+        raise LaunchError(
+            f"the worker exited ({launcher.exit_status()}) during the measurement; its last "
+            f"log lines:\n{launcher.last_words()}"
+        )
 
 
 def _measure_at_once(measurers: dict[str, Measurer], trial: SearchPoint,
