@@ -41,8 +41,8 @@ from analyzer.results.checkpoint import Checkpoint, point_key
 from analyzer.results.finals import (
     BUDGET,
     CLOSE_MARGIN,
-    MAX_ROUNDS,
     MIN_ROUNDS,
+    RACE_MAX_ROUNDS,
     RESOLUTION,
     Calibration,
     Comparison,
@@ -312,7 +312,7 @@ def _measure_rounds(
 ) -> dict[str, list[Measurement]]:  # fmt: skip
     """Every finalist still racing once a round, in each round's order, at its best search point
     (or, after the first round's load check, one level up): the measurements per finalist.
-    Rounds go on until `plan.wanted`, and past it (up to MAX_ROUNDS) while a finalist is still
+    Rounds go on until `plan.wanted`, and past it (up to RACE_MAX_ROUNDS) while a finalist is still
     tied with the leader, unless the next one would pass the budget (the first MIN_ROUNDS always
     run); from MIN_ROUNDS on, finalists shown behind the leader leave (see `_eliminate`). A
     finalist that fails is dropped (with its reason); the finalists left loaded are unloaded at
@@ -337,8 +337,8 @@ def _measure_rounds(
     used = float(len(check.levels))  # windows spent: the load checks are paid up front
     ran = 0
     open_tie = True
-    # with a budget, rounds beyond the calibration's go on while a tie is open (up to MAX_ROUNDS)
-    limit = max(planned, MAX_ROUNDS) if plan.budget is not None else planned
+    # with a budget, rounds beyond the calibration's go on while a tie is open
+    limit = max(planned, RACE_MAX_ROUNDS) if plan.budget is not None else planned
     for index in range(limit):
         names = [n for n in racing if n not in comparison.dropped]
         if index >= MIN_ROUNDS and plan.budget is not None and used + len(names) > plan.budget:

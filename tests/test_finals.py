@@ -158,6 +158,15 @@ def test_the_cheapest_of_the_tied_needs_a_real_saving_else_the_leader_stays():
     small = {"instance_count": 1, "max_batch_size": 8}
     name, why = cheapest([leader, ("e", small, point("e", 1250.0, memory=295.0))])
     assert name == "e" and why == "a smaller max batch size (8 vs 16)"
+    # then a shorter queue delay (a larger max batch with a shorter delay is not cheaper)
+    slow = {"instance_count": 1, "max_batch_size": 8, "max_queue_delay_us": 1000}
+    quick = {"instance_count": 1, "max_batch_size": 8, "max_queue_delay_us": 200}
+    name, why = cheapest([("leader", slow, point("leader", 3855.0, memory=290.0)),
+                          ("f", quick, point("f", 3799.0, memory=292.0))])  # fmt: skip
+    assert name == "f" and why == "a shorter queue delay (200 vs 1000 us)"
+    wide = {"instance_count": 1, "max_batch_size": 16, "max_queue_delay_us": 0}
+    assert cheapest([("leader", slow, point("leader", 3855.0, memory=290.0)),
+                     ("g", wide, point("g", 3810.0, memory=291.0))]) == ("leader", "")
 
 
 def test_a_round_without_a_memory_sample_makes_no_config_cheaper():
