@@ -92,6 +92,25 @@ def test_plan_arithmetic_on_a_config_of_known_figures():
     assert row.cost_per_million == pytest.approx(row.cost_per_hour / (5000 * 3600) * 1e6)
 
 
+def test_a_joint_plan_sizes_the_summed_throughput_and_says_in_what_mix():
+    from analyzer.results.plan import mix_text
+
+    point = {"load": "concurrency", "value": 4, "metrics": {
+        "perf_throughput": 1000.0, "perf_latency_p99": 20.0, "cpu_utilization": 90.0,
+        "a:perf_throughput": 750.0, "b:perf_throughput": 250.0}}  # fmt: skip
+    model = {"name": "a,b", "configs": [{
+        "name": "a_config_1,b_config_default", "measurements": [point], "best": None,
+        "description": {"instance_group": "1:CPU", "instance_count": 1}}]}  # fmt: skip
+    (row,) = plan_model(model, PlanSettings(target_qps=2000, headroom_pct=0), 1)
+    assert row.replicas == 2 and row.mix == {"a": 0.75, "b": 0.25}
+    text = mix_text([row.as_dict()])
+    assert "each replica serves every model, its infer/s is their sum" in text
+    assert "(a 75%, b 25% for a_config_1,b_config_default)" in text
+    alone = {"name": "m", "configs": [{**model["configs"][0], "name": "m_config_1"}]}
+    (single,) = plan_model(alone, PlanSettings(target_qps=2000), 1)
+    assert single.mix == {} and mix_text([single.as_dict()]) == ""
+
+
 def test_conservative_plan_sizes_finalists_by_their_intervals():
     point = {"load": "concurrency", "value": 8, "metrics": {
         "perf_throughput": 1000.0, "perf_latency_p99": 20.0, "cpu_utilization": 90.0}}  # fmt: skip

@@ -87,6 +87,8 @@ def _check(target: float, budget: float | None, replicas: int | None, headroom: 
 def _print(document: dict, settings) -> None:
     from rich.table import Table
 
+    from analyzer.results.plan import mix_text
+
     console = make_console()
     budget = (f" with p99 within {settings.latency_budget_ms:g} ms"
               if settings.latency_budget_ms is not None else "")  # fmt: skip
@@ -127,6 +129,8 @@ def _print(document: dict, settings) -> None:
         for row in rows:
             if row["note"]:
                 console.print(f"  {row['config']}: {row['note']}", markup=False)
+        if joint := mix_text(rows):
+            console.print(f"{model}: {joint}", markup=False)
 
 
 def _money(value: float | None) -> str:

@@ -23,7 +23,7 @@ from analyzer.report import plot_files, plots
 from analyzer.report.console import how_sure
 from analyzer.report.exports import RESULTS_FILE
 from analyzer.results.finals import Comparison
-from analyzer.results.plan import read_plan
+from analyzer.results.plan import mix_text, read_plan
 
 # the repository's top-level templates/, shipped in the wheel as the package's data (in the
 # source tree analyzer/templates is a link to it), so an installed copy finds it too
@@ -194,7 +194,8 @@ def _plan(export_path: Path, model: str) -> dict[str, Any] | None:
     if document is None:
         return None
     rows = (document.get("models") or {}).get(model)
-    return {"settings": document["settings"], "rows": rows} if rows else None
+    return ({"settings": document["settings"], "rows": rows, "mix": mix_text(rows)}
+            if rows else None)  # fmt: skip
 
 
 def _summary_figures(model: dict[str, Any], measured: list[dict[str, Any]],

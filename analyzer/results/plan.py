@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from analyzer.results.together import SEPARATOR
+
 PLAN_FILE = "plan.json"  # in EXPORT_PATH/results, beside profile_results.json
 
 
@@ -64,6 +66,9 @@ class PlanRow:
     shortfall_pct: float = 0.0  # of the target, for a config that cannot reach it
     interval: bool = False  # sized from its final-comparison interval (conservative)
     per_replica: dict[str, float] = field(default_factory=dict)
+    # models profiled together: each model's share of the replica's summed infer/s at the point
+    # chosen; the replicas serve the target in that mix
+    mix: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +108,7 @@ def _row(model: str, config: dict[str, Any], s: PlanSettings, cores_default: int
     metrics = point["metrics"]
     row.throughput = metrics["perf_throughput"]
     row.p99_ms = metrics["perf_latency_p99"]
+    row.mix = _mix(model, metrics)
     final = config.get("final_comparison") or {}
     if s.conservative and final.get("perf_throughput") and config.get("best"):
         point, metrics = config["best"], config["best"]["metrics"]
@@ -150,6 +156,28 @@ def _row(model: str, config: dict[str, Any], s: PlanSettings, cores_default: int
                              + row.cores * (s.cost_per_cpu_hour or 0.0))  # fmt: skip
         row.cost_per_million = row.cost_per_hour / (s.target_qps * 3600) * 1e6
     return row
+
+
+def _mix(model: str, metrics: dict[str, float]) -> dict[str, float]:
+    """A joint config's ("a,b") models' shares of its summed throughput, from their own
+    "<model>:perf_throughput"; empty for a model profiled alone."""
+    parts = model.split(SEPARATOR)
+    own = {m: metrics.get(f"{m}:perf_throughput") for m in parts}
+    if len(parts) < 2 or any(v is None for v in own.values()):
+        return {}
+    total = sum(v for v in own.values() if v is not None)
+    return {m: (v or 0.0) / total for m, v in own.items()} if total > 0 else {}
+
+
+def mix_text(rows: list[dict[str, Any]]) -> str:
+    """One sentence for a joint profile's plan: what its infer/s and replicas mean."""
+    first = next((r for r in rows if r.get("mix")), None)
+    if first is None:
+        return ""
+    shares = ", ".join(f"{m} {100 * share:.0f}%" for m, share in first["mix"].items())
+    return (f"profiled together: each replica serves every model, its infer/s is their sum, and "
+            f"the target is sized in the mix measured ({shares} for {first['config']}); another "
+            "mix needs its own profile")
 
 
 def plan_document(results: dict[str, Any], settings: PlanSettings,
