@@ -508,9 +508,11 @@ def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigR
     # (three rounds "tie" configs 10% apart). A cheaper config replaces the leader only when the
     # rounds show it is not worse by more than RESOLUTION: the 95% interval of its paired score
     # difference lies above -log(1 + RESOLUTION) (a non-inferiority margin of 5% throughput).
+    # A finalist that left the race was shown behind the leader of its day beyond noise: it may
+    # tie the final leader over the rounds it ran, but it is not recommended.
     margin = -math.log1p(RESOLUTION)
-    close = [n for n in comparison.tied
-             if finals[n].vs_leader is None or finals[n].vs_leader.low >= margin]  # fmt: skip
+    close = [n for n in comparison.tied if n not in comparison.eliminated
+             and (finals[n].vs_leader is None or finals[n].vs_leader.low >= margin)]  # fmt: skip
     chosen_name, reason = cheapest([(n, by_name[n].description, finals[n].combined)
                                     for n in close])  # fmt: skip
     comparison.recommended = chosen_name

@@ -311,6 +311,40 @@ def test_a_cheaper_tied_config_replaces_the_leader_only_when_shown_within_five_p
             assert comparison.why.endswith("a smaller max batch size (8 vs 16); it is recommended")
 
 
+def test_a_finalist_that_left_the_race_is_not_recommended_even_if_cheaper_and_tied():
+    """Seen in a brute run (20 rounds): a config with a shorter queue delay left the race after
+    5 rounds, behind the leader of the time; over those rounds it tied the final leader, and the
+    tie rule recommended it, whose 5 rounds against the default's 20 broke the paired ratio. A
+    finalist that left the race is not recommended; the ratio pairs the rounds both ran."""
+    from analyzer.final_comparison import _conclude
+
+    ranker = Ranker({"perf_throughput": 1.0}, {})
+    base = [1000.0, 700.0, 1250.0, 900.0, 1100.0, 950.0, 1050.0]
+    leader, left = result("leader", 1, 16, []), result("left", 1, 16, [])
+    leader.description["max_queue_delay_us"] = 1000
+    left.description["max_queue_delay_us"] = 0
+    default = result("default", 1, 32, [])
+    leader.final = summarize([point("leader", t) for t in base])
+    wobble = (1.01, 0.99, 1.0, 1.005, 0.995)
+    left.final = summarize([point("left", t * w) for t, w in zip(base, wobble, strict=False)])
+    default.final = summarize([point("default", t / 2) for t in base])
+    results = [leader, left, default]
+    ranker.rank(results)
+    finals = {r.name: r.final for r in results}
+    comparison = Comparison(7, list(finals), eliminated={"left": "behind x after 5 rounds"})
+    _conclude(comparison, ranker, {r.name: r for r in results}, finals, default)
+    assert "left" in comparison.tied and comparison.recommended == "leader"
+    assert comparison.vs_default is not None
+    assert comparison.vs_default.estimate == pytest.approx(2.0)
+    # still racing, the same config is cheaper by its shorter delay and is recommended
+    comparison = Comparison(7, list(finals))
+    _conclude(comparison, ranker, {r.name: r for r in results}, finals, default)
+    assert comparison.recommended == "left"
+    assert comparison.why.endswith("a shorter queue delay (0 vs 1000 us); it is recommended")
+    assert comparison.vs_default is not None  # 5 rounds paired with the default's first 5
+    assert comparison.vs_default.estimate == pytest.approx(2.0, abs=0.01)
+
+
 def test_configs_within_the_search_noise_join_the_finalists_and_the_clearly_behind_leave_early(
     tmp_path,
 ):

@@ -47,8 +47,9 @@ def mean_interval(values: list[float]) -> Interval:
 
 
 def ratio_interval(a: list[float], b: list[float]) -> Interval:
-    """a/b from rounds paired by index: the geometric mean ratio and its interval."""
-    logs = [math.log(max(x, 1e-12) / max(y, 1e-12)) for x, y in zip(a, b, strict=True)]
+    """a/b from rounds paired by index, over the rounds both ran (a finalist that left the race
+    ran fewer than the default): the geometric mean ratio and its interval."""
+    logs = [math.log(max(x, 1e-12) / max(y, 1e-12)) for x, y in zip(a, b, strict=False)]
     d = mean_interval(logs)
     return Interval(math.exp(d.estimate), math.exp(d.low), math.exp(d.high))
 
