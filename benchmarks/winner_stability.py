@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import statistics
@@ -168,7 +169,42 @@ def reference(model: str, runs: list[dict], rounds: int, work: Path) -> dict[str
                     configs.setdefault(key_text(config["key"]), config)
         folder.mkdir(parents=True, exist_ok=True)
         listing.write_text(json.dumps(dict(sorted(configs.items())), indent=1))
-    configs = json.loads(listing.read_text())
+    return measure_rounds(model, folder, rounds, 0)
+
+
+def contenders(model: str, runs: list[dict], ref: dict[str, list[float]], count: int,
+               rounds: int, work: Path) -> dict[str, list[float]]:  # fmt: skip
+    """The broad reference's top `count` configs and every run's winner, measured again in
+    `rounds` short rounds of their own (one config loaded at a time, shuffled order, the same
+    3 x 4-s windows): a round of 8 configs takes 2 minutes where one of all 27 takes 5, so the
+    machine drifts less within a round, and the drift between rounds cancels in `paired`. The
+    set is fixed when first made (work/contenders/MODEL/configs.json)."""
+    folder = work / "contenders" / model
+    listing = folder / "configs.json"
+    if not listing.exists():
+        everything = json.loads((work / "reference" / model / "configs.json").read_text())
+        means = {text: statistics.mean(values) for text, values in ref.items()}
+        chosen = sorted(means, key=means.__getitem__, reverse=True)[:count]
+        chosen += [key_text(r["winner"]) for r in runs if key_text(r["winner"]) in everything]
+        folder.mkdir(parents=True, exist_ok=True)
+        listing.write_text(json.dumps({t: everything[t] for t in sorted(set(chosen))}, indent=1))
+    return measure_rounds(model, folder, rounds, 1000)
+
+
+def paired(ref: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each config's rounds as a share of its round's geometric mean over all configs: the
+    machine's drift between rounds, shared by every config of a round, cancels."""
+    count = min(len(values) for values in ref.values())
+    means = [math.exp(statistics.fmean(math.log(v[i]) for v in ref.values()))
+             for i in range(count)]  # fmt: skip
+    return {text: [v / m for v, m in zip(values, means, strict=False)]
+            for text, values in ref.items()}  # fmt: skip
+
+
+def measure_rounds(model: str, folder: Path, rounds: int, seed: int) -> dict[str, list[float]]:
+    """The configs of folder/configs.json measured at c=16 in `rounds` profile runs, each over
+    all of them in a new shuffled order (random seed `seed` + the round's number)."""
+    configs = json.loads((folder / "configs.json").read_text())
     names = {f"r{i}": text for i, text in enumerate(configs)}
     repo = folder / "repository"
     if not repo.exists():
@@ -187,7 +223,7 @@ def reference(model: str, runs: list[dict], rounds: int, work: Path) -> dict[str
         done = folder / f"round-{number}.json"
         if not done.exists():
             order = list(names)
-            random.Random(number).shuffle(order)
+            random.Random(seed + number).shuffle(order)
             export = folder / f"export-{number}"
             shutil.rmtree(export, ignore_errors=True)
             document = run_profile(
@@ -265,17 +301,17 @@ def half_width(values: list[float]) -> float:
     return T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / len(values) ** 0.5
 
 
-def report(model: str, runs: list[dict], ref: dict[str, list[float]]) -> None:
+def report(model: str, runs: list[dict], ref: dict[str, list[float]], what: str = "") -> None:
     means = {text: statistics.mean(values) for text, values in ref.items()}
     best_text = max(means, key=means.__getitem__)
     best = means[best_text]
     tied = [t for t in means if t != best_text and means[t] + half_width(ref[t]) >= best]
     ranked = sorted(means, key=means.__getitem__, reverse=True)
-    print(f"\n## {model}: true best {best_text} = {best:.0f} infer/s "
+    print(f"\n## {model}{what}: true best {best_text} = {best:.4g} "
           f"(+/- {half_width(ref[best_text]) / best:.1%}, {len(ref[best_text])} rounds); "
           f"{len(means)} configs measured; tied within noise: {len(tied)}", flush=True)
     for text in ranked[:8]:
-        print(f"    {means[text] / best:6.3f}  {means[text]:7.0f} infer/s +/- "
+        print(f"    {means[text] / best:6.3f}  {means[text]:7.3f} +/- "
               f"{half_width(ref[text]) / means[text]:5.1%}  {text}")
     print("| mode | runs | within 5% of the true best | points (median) | winner throughput "
           "reported: median | CV | (max-min)/median | winner / default, paired: median (CV) | "
@@ -312,6 +348,9 @@ def main() -> int:
     parser.add_argument("--brute-repeats", type=int, default=None,
                         help="brute runs (default: --repeats); one is enough to fix the config set")
     parser.add_argument("--reference-rounds", type=int, default=3)
+    parser.add_argument("--contenders", type=int, default=0,
+                        help="then the reference's top N and every winner in rounds of their own")
+    parser.add_argument("--contender-rounds", type=int, default=10)
     parser.add_argument("--perf-analyzer-rounds", type=int, default=5,
                         help="0: no perf_analyzer check")
     parser.add_argument("--rule", choices=("kept", "current"), default="kept",
@@ -340,7 +379,12 @@ def main() -> int:
         if args.searches_only:
             continue
         ref = reference(model, runs, args.reference_rounds, work)
-        report(model, runs, ref)
+        report(model, runs, ref, f" (all configs, {args.reference_rounds} rounds, infer/s)")
+        report(model, runs, paired(ref), " (all configs, paired by round: share of the round)")
+        if args.contenders:
+            top = contenders(model, runs, ref, args.contenders, args.contender_rounds, work)
+            report(model, runs, paired(top), f" (contenders, {args.contender_rounds} rounds of "
+                                             "their own, paired by round)")  # fmt: skip
         perf_analyzer_check(model, runs, args.perf_analyzer_rounds, work, args.rule)
     return 0
 
