@@ -10,6 +10,11 @@ window first (warm-up 75 ms, 0.3 s), then a long one (warm-up 1 s, 4 s). It repo
 against the mean of the max-batch-8 ones, in both kinds of window.
 
     .venv/bin/python benchmarks/round_windows.py [--rounds 6] [--short-ms 300] [--long-ms 4000]
+        [--configs mbs16_d0,mbs16_d200,mbs8_d0,mbs8_d1000] [--kinds NAME:WARMUP_MS:WINDOW_MS,...]
+
+`--configs` names each served config as mbs<max batch>_d<queue delay us>; the ratios are to the
+mean of the configs named in `--baseline` (default: the max-batch-8 ones). `--kinds` replaces
+the two kinds of window (short:75:300 and long:1000:4000; `--short-ms`/`--long-ms` set theirs).
 
 Worker on core 1, load generator on core 0 (BENCHMARKING.md).
 """
@@ -35,15 +40,21 @@ from analyzer.loadgen.measure import Measurer  # noqa: E402
 from analyzer.loadgen.perf import PerfOptions, encode  # noqa: E402
 from analyzer.loadgen.point import MeasureSettings  # noqa: E402
 
-CONFIGS = {  # name -> (max_batch_size, max_queue_delay_microseconds)
-    "mbs16_d0": (16, 0), "mbs16_d200": (16, 200), "mbs8_d0": (8, 0), "mbs8_d1000": (8, 1000),
-}  # fmt: skip
 CONCURRENCY = 16
 
 
-def make_repository(root: Path) -> None:
+def parse_configs(text: str) -> dict[str, tuple[int, int]]:
+    """"mbs16_d200,..." -> name -> (max_batch_size, max_queue_delay_microseconds)."""
+    out = {}
+    for name in text.split(","):
+        mbs, delay = name.removeprefix("mbs").split("_d")
+        out[name] = (int(mbs), int(delay))
+    return out
+
+
+def make_repository(root: Path, configs: dict[str, tuple[int, int]]) -> None:
     base = (placement.EXAMPLES / "tiny_cnn" / "config.pbtxt").read_text()
-    for name, (mbs, delay) in CONFIGS.items():
+    for name, (mbs, delay) in configs.items():
         folder = root / name
         (folder / "1").mkdir(parents=True)
         os.link(placement.EXAMPLES / "tiny_cnn" / "1" / "model.pt", folder / "1" / "model.pt")
@@ -58,12 +69,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--short-ms", type=int, default=300)
     parser.add_argument("--long-ms", type=int, default=4000)
+    parser.add_argument("--kinds", default="")
+    parser.add_argument("--configs", default="mbs16_d0,mbs16_d200,mbs8_d0,mbs8_d1000")
+    parser.add_argument("--baseline", default="mbs8_d0,mbs8_d1000")
     placement.add_arguments(parser)
     args = parser.parse_args()
+    configs = parse_configs(args.configs)
+    baseline = args.baseline.split(",")
     where = placement.apply(args)
     os.sched_setaffinity(0, {int(c) for c in where.client_cpus.split(",")})
     root = Path(tempfile.mkdtemp(prefix="round-windows-"))
-    make_repository(root)
+    make_repository(root, configs)
     worker = start_worker(root, cpus=where.server_cpus)
     kinds = {
         "short": MeasureSettings(mode="fixed", window_ms=args.short_ms,
@@ -71,16 +87,22 @@ def main() -> int:
         "long": MeasureSettings(mode="fixed", window_ms=args.long_ms,
                                 min_window_ms=args.long_ms, warmup_ms=1000),
     }  # fmt: skip
-    got: dict[str, dict[str, list[float]]] = {k: {n: [] for n in CONFIGS} for k in kinds}
+    if args.kinds:
+        kinds = {}
+        for kind in args.kinds.split(","):
+            label, warmup, window = kind.split(":")
+            kinds[label] = MeasureSettings(mode="fixed", window_ms=int(window),
+                                           min_window_ms=int(window), warmup_ms=int(warmup))
+    got: dict[str, dict[str, list[float]]] = {k: {n: [] for n in configs} for k in kinds}
     client: LoadClient | None = None
     try:
         payloads = {}
-        for name in CONFIGS:
+        for name in configs:
             options = PerfOptions(model=name, url=worker.http, protocol="http")
             control = control_client("http", worker.http, name)
             io = model_io(control.model_metadata(), control.model_config())
             payloads[name] = (encode(options, io, None, None)[0], control)
-        names = list(CONFIGS)
+        names = list(configs)
         for index in range(args.rounds):
             order = names[index % len(names):] + names[: index % len(names)]
             for kind, settings in kinds.items():
@@ -101,13 +123,12 @@ def main() -> int:
             client.close()
         worker.stop()
     print(f"\ntiny_cnn at c={CONCURRENCY}, {args.rounds} rounds, configs loaded side by side; "
-          "each config / the mean of the max-batch-8 configs in the same round (median, range):")
+          f"each config / the mean of {', '.join(baseline)} in the same round (median, range):")
     for kind in kinds:
         cells = []
         for name in names:
             ratios = sorted(
-                got[kind][name][i] / statistics.fmean((got[kind]["mbs8_d0"][i],
-                                                       got[kind]["mbs8_d1000"][i]))
+                got[kind][name][i] / statistics.fmean(got[kind][b][i] for b in baseline)
                 for i in range(args.rounds))  # fmt: skip
             cells.append(f"{name} {statistics.median(ratios):.3f} ({ratios[0]:.3f}-"
                          f"{ratios[-1]:.3f}), {statistics.median(got[kind][name]):.0f}/s")
