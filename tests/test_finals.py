@@ -158,15 +158,11 @@ def test_the_cheapest_of_the_tied_needs_a_real_saving_else_the_leader_stays():
     small = {"instance_count": 1, "max_batch_size": 8}
     name, why = cheapest([leader, ("e", small, point("e", 1250.0, memory=295.0))])
     assert name == "e" and why == "a smaller max batch size (8 vs 16)"
-    # then a shorter queue delay (a larger max batch with a shorter delay is not cheaper)
-    slow = {"instance_count": 1, "max_batch_size": 8, "max_queue_delay_us": 1000}
-    quick = {"instance_count": 1, "max_batch_size": 8, "max_queue_delay_us": 200}
-    name, why = cheapest([("leader", slow, point("leader", 3855.0, memory=290.0)),
-                          ("f", quick, point("f", 3799.0, memory=292.0))])  # fmt: skip
-    assert name == "f" and why == "a shorter queue delay (200 vs 1000 us)"
-    wide = {"instance_count": 1, "max_batch_size": 16, "max_queue_delay_us": 0}
+    # not a shorter queue delay: configs tied on throughput and equal in cost keep the leader
+    slow = {"instance_count": 1, "max_batch_size": 16, "max_queue_delay_us": 1000}
+    quick = {"instance_count": 1, "max_batch_size": 16, "max_queue_delay_us": 200}
     assert cheapest([("leader", slow, point("leader", 3855.0, memory=290.0)),
-                     ("g", wide, point("g", 3810.0, memory=291.0))]) == ("leader", "")
+                     ("f", quick, point("f", 3799.0, memory=292.0))]) == ("leader", "")
 
 
 def test_a_round_without_a_memory_sample_makes_no_config_cheaper():
@@ -312,17 +308,15 @@ def test_a_cheaper_tied_config_replaces_the_leader_only_when_shown_within_five_p
 
 
 def test_a_finalist_that_left_the_race_is_not_recommended_even_if_cheaper_and_tied():
-    """Seen in a brute run (20 rounds): a config with a shorter queue delay left the race after
-    5 rounds, behind the leader of the time; over those rounds it tied the final leader, and the
-    tie rule recommended it, whose 5 rounds against the default's 20 broke the paired ratio. A
-    finalist that left the race is not recommended; the ratio pairs the rounds both ran."""
+    """Seen in a brute run (20 rounds): a cheaper config left the race after 5 rounds, behind
+    the leader of the time; over those rounds it tied the final leader, and the tie rule
+    recommended it, whose 5 rounds against the default's 20 broke the paired ratio. A finalist
+    that left the race is not recommended; the ratio pairs the rounds both ran."""
     from analyzer.final_comparison import _conclude
 
     ranker = Ranker({"perf_throughput": 1.0}, {})
     base = [1000.0, 700.0, 1250.0, 900.0, 1100.0, 950.0, 1050.0]
-    leader, left = result("leader", 1, 16, []), result("left", 1, 16, [])
-    leader.description["max_queue_delay_us"] = 1000
-    left.description["max_queue_delay_us"] = 0
+    leader, left = result("leader", 1, 16, []), result("left", 1, 8, [])
     default = result("default", 1, 32, [])
     leader.final = summarize([point("leader", t) for t in base])
     wobble = (1.01, 0.99, 1.0, 1.005, 0.995)
@@ -336,11 +330,11 @@ def test_a_finalist_that_left_the_race_is_not_recommended_even_if_cheaper_and_ti
     assert "left" in comparison.tied and comparison.recommended == "leader"
     assert comparison.vs_default is not None
     assert comparison.vs_default.estimate == pytest.approx(2.0)
-    # still racing, the same config is cheaper by its shorter delay and is recommended
+    # still racing, the same config is cheaper by its smaller max batch and is recommended
     comparison = Comparison(7, list(finals))
     _conclude(comparison, ranker, {r.name: r for r in results}, finals, default)
     assert comparison.recommended == "left"
-    assert comparison.why.endswith("a shorter queue delay (0 vs 1000 us); it is recommended")
+    assert comparison.why.endswith("a smaller max batch size (8 vs 16); it is recommended")
     assert comparison.vs_default is not None  # 5 rounds paired with the default's first 5
     assert comparison.vs_default.estimate == pytest.approx(2.0, abs=0.01)
 

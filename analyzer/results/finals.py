@@ -178,8 +178,9 @@ def cheaper(a: tuple[dict[str, Any], Measurement], b: tuple[dict[str, Any], Meas
     """Why config a (description, point) costs less than b, or "" when it does not: fewer
     instances; else less memory by more than MEMORY_TOLERANCE (a few MB of RSS is noise, not a
     saving; a config whose memory was not read is never "less"); else a smaller max batch
-    size; else a shorter dynamic-batching queue delay (no batcher: none), which every request
-    at a load below saturation pays in latency and the throughput tie says buys nothing."""
+    size. Not the queue delay: tried as a last criterion, it chose max_queue_delay 200 us over
+    its tied leader at 1000 us in 4 of 10 brute runs on tiny_cnn, which every one-config-at-a-time
+    reference put 4-5% behind (BENCHMARKS.md, "Winner stability ... 20-round races")."""
     (da, ma), (db, mb) = a, b
     ia, ib = int(da.get("instance_count") or 0), int(db.get("instance_count") or 0)
     if ia != ib:
@@ -189,11 +190,8 @@ def cheaper(a: tuple[dict[str, Any], Measurement], b: tuple[dict[str, Any], Meas
             and abs(mem_a - mem_b) > MEMORY_TOLERANCE * max(mem_a, mem_b):  # fmt: skip
         return f"less memory ({mem_a:.0f} vs {mem_b:.0f} MB)" if mem_a < mem_b else ""
     sa, sb = int(da.get("max_batch_size") or 0), int(db.get("max_batch_size") or 0)
-    if sa != sb:
-        return f"a smaller max batch size ({sa} vs {sb})" if sa < sb else ""
-    qa, qb = int(da.get("max_queue_delay_us") or 0), int(db.get("max_queue_delay_us") or 0)
-    if qa < qb:
-        return f"a shorter queue delay ({qa} vs {qb} us)"
+    if sa < sb:
+        return f"a smaller max batch size ({sa} vs {sb})"
     return ""
 
 
