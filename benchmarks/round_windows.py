@@ -15,6 +15,9 @@ against the mean of the max-batch-8 ones, in both kinds of window.
 `--configs` names each served config as mbs<max batch>_d<queue delay us>; the ratios are to the
 mean of the configs named in `--baseline` (default: the max-batch-8 ones). `--kinds` replaces
 the two kinds of window (short:75:300 and long:1000:4000; `--short-ms`/`--long-ms` set theirs).
+`--alone`: the worker in explicit model control, and each measurement loads its config fresh
+with no other loaded, as the reference of winner_stability.py serves them (the side-by-side
+kinds are measured too, so each round has both).
 
 Worker on core 1, load generator on core 0 (BENCHMARKING.md).
 """
@@ -70,6 +73,7 @@ def main() -> int:
     parser.add_argument("--short-ms", type=int, default=300)
     parser.add_argument("--long-ms", type=int, default=4000)
     parser.add_argument("--kinds", default="")
+    parser.add_argument("--alone", action="store_true")
     parser.add_argument("--configs", default="mbs16_d0,mbs16_d200,mbs8_d0,mbs8_d1000")
     parser.add_argument("--baseline", default="mbs8_d0,mbs8_d1000")
     placement.add_arguments(parser)
@@ -80,7 +84,8 @@ def main() -> int:
     os.sched_setaffinity(0, {int(c) for c in where.client_cpus.split(",")})
     root = Path(tempfile.mkdtemp(prefix="round-windows-"))
     make_repository(root, configs)
-    worker = start_worker(root, cpus=where.server_cpus)
+    worker = start_worker(root, "--model-control-mode", "explicit", "--load-model", "*",
+                          cpus=where.server_cpus)  # fmt: skip
     kinds = {
         "short": MeasureSettings(mode="fixed", window_ms=args.short_ms,
                                  min_window_ms=args.short_ms, warmup_ms=75),
@@ -93,7 +98,9 @@ def main() -> int:
             label, warmup, window = kind.split(":")
             kinds[label] = MeasureSettings(mode="fixed", window_ms=int(window),
                                            min_window_ms=int(window), warmup_ms=int(warmup))
-    got: dict[str, dict[str, list[float]]] = {k: {n: [] for n in configs} for k in kinds}
+    fresh = {f"alone-{k}": v for k, v in kinds.items()} if args.alone else {}
+    got: dict[str, dict[str, list[float]]] = {k: {n: [] for n in configs}
+                                              for k in [*kinds, *fresh]}  # fmt: skip
     client: LoadClient | None = None
     try:
         payloads = {}
@@ -105,9 +112,15 @@ def main() -> int:
         names = list(configs)
         for index in range(args.rounds):
             order = names[index % len(names):] + names[: index % len(names)]
-            for kind, settings in kinds.items():
+            for kind, settings in [*kinds.items(), *fresh.items()]:
+                alone = kind in fresh
+                if alone:  # one config at a time from here on in this round
+                    for other in names:
+                        payloads[other][1].unload_model(other)
                 for name in order:
                     data, control = payloads[name]
+                    if alone:
+                        control.load_model(name)
                     if client is None:
                         client = LoadClient("http", worker.http, data, 1, 0)
                         client.start()
@@ -116,7 +129,12 @@ def main() -> int:
                     point = Measurer(client, control, name, "", 1, settings).measure(
                         "concurrency", CONCURRENCY)
                     got[kind][name].append(point.throughput)
-            line = ", ".join(f"{k} {n} {got[k][n][-1]:.0f}" for k in kinds for n in names)
+                    if alone:
+                        control.unload_model(name)
+                if alone:
+                    for other in names:
+                        payloads[other][1].load_model(other)
+            line = ", ".join(f"{k} {n} {got[k][n][-1]:.0f}" for k in got for n in names)
             print(f"round {index + 1}: {line}", flush=True)
     finally:
         if client is not None:
@@ -124,7 +142,7 @@ def main() -> int:
         worker.stop()
     print(f"\ntiny_cnn at c={CONCURRENCY}, {args.rounds} rounds, configs loaded side by side; "
           f"each config / the mean of {', '.join(baseline)} in the same round (median, range):")
-    for kind in kinds:
+    for kind in got:
         cells = []
         for name in names:
             ratios = sorted(
@@ -132,7 +150,7 @@ def main() -> int:
                 for i in range(args.rounds))  # fmt: skip
             cells.append(f"{name} {statistics.median(ratios):.3f} ({ratios[0]:.3f}-"
                          f"{ratios[-1]:.3f}), {statistics.median(got[kind][name]):.0f}/s")
-        print(f"  {kind:5s} windows: " + "; ".join(cells))
+        print(f"  {kind:11s} windows: " + "; ".join(cells))
     return 0
 
 
