@@ -191,6 +191,21 @@ def contenders(model: str, runs: list[dict], ref: dict[str, list[float]], count:
     return measure_rounds(model, folder, rounds, 1000)
 
 
+def focus(model: str, texts: list[str], rounds: int, work: Path) -> dict[str, list[float]]:
+    """The few configs that decide the count (named as the report names them), in `rounds`
+    rounds of their own: a round of 4 takes under a minute, so little drift falls inside it."""
+    folder = work / "focus" / model
+    listing = folder / "configs.json"
+    if not listing.exists():
+        everything = json.loads((work / "reference" / model / "configs.json").read_text())
+        unknown = [t for t in texts if t not in everything]
+        if unknown:
+            raise SystemExit(f"--focus: '{unknown[0]}' is not a reference config")
+        folder.mkdir(parents=True, exist_ok=True)
+        listing.write_text(json.dumps({t: everything[t] for t in texts}, indent=1))
+    return measure_rounds(model, folder, rounds, 2000)
+
+
 def paired(ref: dict[str, list[float]]) -> dict[str, list[float]]:
     """Each config's rounds as a share of its round's geometric mean over all configs: the
     machine's drift between rounds, shared by every config of a round, cancels."""
@@ -351,6 +366,9 @@ def main() -> int:
     parser.add_argument("--contenders", type=int, default=0,
                         help="then the reference's top N and every winner in rounds of their own")
     parser.add_argument("--contender-rounds", type=int, default=10)
+    parser.add_argument("--focus", default="",
+                        help="'|'-separated configs (as reported) measured in rounds of their own")
+    parser.add_argument("--focus-rounds", type=int, default=20)
     parser.add_argument("--perf-analyzer-rounds", type=int, default=5,
                         help="0: no perf_analyzer check")
     parser.add_argument("--rule", choices=("kept", "current"), default="kept",
@@ -385,6 +403,19 @@ def main() -> int:
             top = contenders(model, runs, ref, args.contenders, args.contender_rounds, work)
             report(model, runs, paired(top), f" (contenders, {args.contender_rounds} rounds of "
                                              "their own, paired by round)")  # fmt: skip
+        if args.focus:
+            few = focus(model, args.focus.split("|"), args.focus_rounds, work)
+            print(f"\n## {model}, the focus: {args.focus_rounds} rounds of "
+                  f"{len(few)} configs, paired by round; each / the first (median, range)")
+            first = args.focus.split("|")[0]
+            share = paired(few)
+            for text in few:
+                ratios = sorted(a / b for a, b in zip(share[text], share[first], strict=False))
+                interval = half_width([math.log(r) for r in ratios])
+                mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+                print(f"    {mean:6.3f} (95% CI {mean * math.exp(-interval):.3f}-"
+                      f"{mean * math.exp(interval):.3f}; median {statistics.median(ratios):.3f})"
+                      f"  {text}", flush=True)  # fmt: skip
         perf_analyzer_check(model, runs, args.perf_analyzer_rounds, work, args.rule)
     return 0
 
