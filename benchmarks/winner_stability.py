@@ -52,6 +52,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import placement
@@ -177,33 +178,40 @@ def contenders(model: str, runs: list[dict], ref: dict[str, list[float]], count:
     """The broad reference's top `count` configs and every run's winner, measured again in
     `rounds` short rounds of their own (one config loaded at a time, shuffled order, the same
     3 x 4-s windows): a round of 8 configs takes 2 minutes where one of all 27 takes 5, so the
-    machine drifts less within a round, and the drift between rounds cancels in `paired`. The
-    set is fixed when first made (work/contenders/MODEL/configs.json)."""
-    folder = work / "contenders" / model
-    listing = folder / "configs.json"
-    if not listing.exists():
-        everything = json.loads((work / "reference" / model / "configs.json").read_text())
+    machine drifts less within a round, and the drift between rounds cancels in `paired`."""
+    def pick(everything: dict) -> list[str]:
         means = {text: statistics.mean(values) for text, values in ref.items()}
         chosen = sorted(means, key=means.__getitem__, reverse=True)[:count]
         chosen += [key_text(r["winner"]) for r in runs if key_text(r["winner"]) in everything]
-        folder.mkdir(parents=True, exist_ok=True)
-        listing.write_text(json.dumps({t: everything[t] for t in sorted(set(chosen))}, indent=1))
-    return measure_rounds(model, folder, rounds, 1000)
+        return sorted(set(chosen))
+
+    return subset_rounds(model, work, "contenders", pick, rounds, 1000)
 
 
 def focus(model: str, texts: list[str], rounds: int, work: Path) -> dict[str, list[float]]:
     """The few configs that decide the count (named as the report names them), in `rounds`
     rounds of their own: a round of 4 takes under a minute, so little drift falls inside it."""
-    folder = work / "focus" / model
-    listing = folder / "configs.json"
-    if not listing.exists():
-        everything = json.loads((work / "reference" / model / "configs.json").read_text())
+    def pick(everything: dict) -> list[str]:
         unknown = [t for t in texts if t not in everything]
         if unknown:
             raise SystemExit(f"--focus: '{unknown[0]}' is not a reference config")
+        return texts
+
+    return subset_rounds(model, work, "focus", pick, rounds, 2000)
+
+
+def subset_rounds(model: str, work: Path, kind: str, pick: Callable[[dict], list[str]],
+                  rounds: int, seed: int) -> dict[str, list[float]]:  # fmt: skip
+    """Rounds of the reference's configs that `pick` chooses, fixed when first made
+    (work/KIND/MODEL/configs.json)."""
+    folder = work / kind / model
+    listing = folder / "configs.json"
+    if not listing.exists():
+        everything = json.loads((work / "reference" / model / "configs.json").read_text())
+        chosen = pick(everything)
         folder.mkdir(parents=True, exist_ok=True)
-        listing.write_text(json.dumps({t: everything[t] for t in texts}, indent=1))
-    return measure_rounds(model, folder, rounds, 2000)
+        listing.write_text(json.dumps({t: everything[t] for t in chosen}, indent=1))
+    return measure_rounds(model, folder, rounds, seed)
 
 
 def paired(ref: dict[str, list[float]]) -> dict[str, list[float]]:

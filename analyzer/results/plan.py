@@ -162,11 +162,11 @@ def _mix(model: str, metrics: dict[str, float]) -> dict[str, float]:
     """A joint config's ("a,b") models' shares of its summed throughput, from their own
     "<model>:perf_throughput"; empty for a model profiled alone."""
     parts = model.split(SEPARATOR)
-    own = {m: metrics.get(f"{m}:perf_throughput") for m in parts}
-    if len(parts) < 2 or any(v is None for v in own.values()):
+    keys = {m: f"{m}:perf_throughput" for m in parts}
+    if len(parts) < 2 or any(k not in metrics for k in keys.values()):
         return {}
-    total = sum(v for v in own.values() if v is not None)
-    return {m: (v or 0.0) / total for m, v in own.items()} if total > 0 else {}
+    total = sum(metrics[k] for k in keys.values())
+    return {m: metrics[k] / total for m, k in keys.items()} if total > 0 else {}
 
 
 def mix_text(rows: list[dict[str, Any]]) -> str:
