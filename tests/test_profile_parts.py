@@ -297,6 +297,57 @@ def test_quick_search_reaches_the_brute_force_best_with_fewer_points():
     assert len({d for d, _ in climbed}) > 1 and len({c for _, c in climbed}) > 3
 
 
+def _flat_top(trial):
+    """A flat top: at max batch 16, delay 200 us is no better than delay 0 (so a climb from
+    delay 0 stops there), and 1000 us is 4% better than both; throughput saturates with load."""
+    p = trial.params
+    mbs = p.get("max_batch_size", 16)
+    delay = p.get("max_queue_delay_microseconds", 0)
+    capacity = 1000.0 * min(mbs, 16) / 16 * (1.04 if (mbs, delay) == (16, 1000) else 1.0)
+    capacity *= 0.9 if p.get("instance_count", 1) > 1 else 1.0
+    return capacity * min(1.0, trial.value / 8)
+
+
+def test_quick_search_looks_around_a_flat_top_and_finds_the_config_two_steps_away():
+    """The climb from the model's own config (mbs 16, delay 0) stops at once: delay 200 gains
+    nothing. Looking around the top configs measures delay 1000 next to delay 200, and it wins.
+    The final sweeps go outward from the best load, not up from concurrency 1."""
+    from analyzer.search.quick import QuickSearch
+
+    limits = SearchLimits(own_max_batch_size=32, max_model_batch_size=16, max_instance_count=2,
+                          max_concurrency=16)  # fmt: skip
+    search = QuickSearch(load_search_space(), limits)
+    quick = _walk(search, _flat_top)
+    best = max(quick, key=_flat_top)
+    assert best.params == {"instance_count": 1, "max_batch_size": 16,
+                           "max_queue_delay_microseconds": 1000}  # fmt: skip
+    assert len(set(quick)) == len(quick)
+    brute = _walk(BruteSearch(load_search_space(), limits), _flat_top)
+    assert len(quick) <= 0.25 * len(brute)
+    # concurrency 1 and 2 lie far below the plateau that starts at 8: no sweep goes down there
+    assert not [t for t in quick if t.params_json == best.params_json and t.value < 4]
+
+
+def test_quick_search_gain_is_scale_free():
+    """Scores are logs, so the climb's 1% gain means 1% at any throughput: the same model ten
+    thousand times faster is walked through the same points."""
+    from analyzer.search.quick import QuickSearch
+
+    limits = SearchLimits(own_max_batch_size=8, max_model_batch_size=32, max_instance_count=4,
+                          max_concurrency=256)  # fmt: skip
+
+    def log_score_walk(scale: float) -> list[SearchPoint]:
+        search, trials = QuickSearch(load_search_space(), limits), []
+        while (trial := search.ask()) is not None:
+            trials.append(trial)
+            value = scale * _synthetic(trial)
+            search.tell(trial, Outcome(ok=True, throughput=value, score=math.log(value)))
+        return trials
+
+    assert log_score_walk(1.0) == log_score_walk(1e4) == _walk(
+        QuickSearch(load_search_space(), limits), _synthetic)
+
+
 def test_optuna_search_finds_the_best_region_and_resumes_its_study(tmp_path):
     from analyzer.search.optuna import OptunaSearch, OptunaSettings
 
@@ -429,7 +480,7 @@ def test_optuna_trial_floor_scales_with_a_small_space(tmp_path):
 
 def test_optuna_sweeps_walk_outward_from_the_best_load_and_respect_a_latency_limit(tmp_path):
     """The final sweeps start at each chosen config's best sampled load: with no constraint they
-    end at the top load that still gains, with fewer points than quick mode's sweeps from
+    end at the top load that still gains, with fewer points than ascending sweeps from
     concurrency 1; with a latency limit the best load that meets it is found below."""
     from analyzer.search.optuna import OptunaSearch, OptunaSettings
 

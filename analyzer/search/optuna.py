@@ -33,7 +33,7 @@ from analyzer.search.ledger import (
     outcome_of,
     study_point_id,
 )
-from analyzer.search.quick import QuickSearch, score_of
+from analyzer.search.quick import QuickSearch, State, score_of
 from analyzer.search.space import SearchSpace
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random")
@@ -240,53 +240,39 @@ class OptunaSearch(QuickSearch):
                 repeats += 1  # another process (or an earlier run) finished it already
                 continue
             repeats = 0
-            if score is not None and score > best + abs(best) * self.min_gain:
+            if score is not None and self._beats(score, best):
                 best, since_best = score, 0
             else:
                 since_best += 1
+        # the study samples the space thinly: around its top configs, on a flat top, a config
+        # one step away is as likely the best as the ones sampled (QuickSearch._look_around);
+        # not with MA's use_concurrency_formula, which fixes each config's load by its formula
+        self.phase = "look"
+        for point, outcome in [] if self.limits.concurrency_formula else list(self.asked.items()):
+            state = self._state_of(point)
+            if state is not None and outcome.ok:
+                self.scored[state] = score_of(outcome)
+        yield from self._look_around()
         self.phase = "sweeps"
         yield from self._final_sweeps()
 
-    def _final_sweeps(self) -> Generator[SearchPoint, None, None]:
-        """Each chosen config's best load, found outward from the best level its trials measured
-        (the study already sampled loads): up while a level beats the best throughput so far by
-        the plateau gain and still meets the constraints, then down while a level meeting them
-        stays within that gain of the best (a latency constraint may put the best load lower).
-        Quick mode's ascending sweeps from concurrency 1 measured about twice as many points for
-        the same best loads; fixed concurrency values are all measured, as asked. None with
-        MA's concurrency_sweep_disable."""
-        if self.limits.sweep_disable:
-            return
-        if self.fixed_load:
-            yield from super()._final_sweeps()
-            return
-        gain = self.sweep.plateau_min_gain
-        for params_json in self._chosen():
-            known = {t.value: o for t, o in self.asked.items() if o.ok
-                     and t.params_json == params_json and t.batch_size == self.batch
-                     and t.value in self.levels}  # fmt: skip
-            start = (self.levels.index(max(known, key=lambda v: score_of(known[v]))) if known
-                     else self._start().concurrency_index)  # fmt: skip
-            top: float | None = None  # the best throughput of a point meeting the constraints
-            for index in range(start, len(self.levels)):  # up
-                outcome = yield from self._measure(self._trial_at(params_json, index))
-                if not outcome.ok or not outcome.satisfies_constraints:
-                    break  # more load only adds latency
-                better = top is None or outcome.throughput > top * (1.0 + gain)
-                top = max(top or 0.0, outcome.throughput)
-                if not better:
-                    break
-            for index in range(start - 1, -1, -1):  # down
-                outcome = yield from self._measure(self._trial_at(params_json, index))
-                if not outcome.ok:
-                    break
-                if outcome.satisfies_constraints:
-                    if top is not None and outcome.throughput < top * (1.0 - gain):
-                        break  # falling: less load only lowers it further
-                    top = max(top or 0.0, outcome.throughput)
-
-    def _trial_at(self, params_json: str, index: int) -> SearchPoint:
-        return SearchPoint(params_json, self.load, self.levels[index], self.batch)
+    def _state_of(self, point: SearchPoint) -> State | None:
+        """The climb state of a study point (None for the default config and the sweeps' other
+        client batch sizes): the axes' indices of its values."""
+        params = point.params
+        if not params or point.batch_size != self.batch or point.value not in self.levels:
+            return None
+        try:
+            count = params["instance_count"]
+            if count not in self.counts:
+                return None
+            batch = delay = 0
+            if self.limits.own_max_batch_size > 0:
+                batch = self.sizes.index(params["max_batch_size"])
+                delay = self.delays.index(params["max_queue_delay_microseconds"])
+        except (KeyError, ValueError):
+            return None
+        return State(count, batch, delay, self.levels.index(point.value))
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> float | None:
         if not outcome.ok:
@@ -296,4 +282,4 @@ class OptunaSearch(QuickSearch):
             trial.set_constraint(name, value)
         values = self._values(outcome)
         self.study.tell(trial, values if len(values) > 1 else values[0])
-        return outcome.objective if outcome.satisfies_constraints else None
+        return score_of(outcome) if outcome.satisfies_constraints else None

@@ -4,21 +4,36 @@ Each state is one config at one concurrency, measured once. From the model's own
 starting concurrency (2 x max_batch_size x instances), the climb measures every neighbour one step
 away along each axis (instance count +-1, max_batch_size x2 / /2, the next queue delay of the
 space, concurrency x2 / /2), moves to the best that improves the score by more than `min_gain`,
-and stops at a state no neighbour beats. The top configs then get a full concurrency sweep that
-ends on MA's plateau rule -- not after four points, MA's regression.
+and stops at a state no neighbour beats. Scores are weighted sums of logs (Ranker.score), so the
+gain is added to the score, not multiplied: a 1% gain is log(1.01) whatever the throughput's size.
+
+A single climb ends at the first config no neighbour beats by 1%, and one-second points differ
+by several % between minutes: on a flat top it stops wherever the noise stopped it. So before
+the sweeps it looks around: every config whose best point lies within LOOK_BAND of the leader's,
+among the `top_configs` best, has its neighbours measured at its best load, and the climb goes on
+from any that beats the leader. The top configs then get a concurrency sweep outward from their
+best measured load (up while a level gains, down while one stays within the plateau gain), which
+finds the same best load as an ascending sweep from concurrency 1 with about half the points.
 
 Against MA's quick mode: queue delay and concurrency are climbed too, instead of concurrency
-being fixed by formula; the final sweep is not cut short.
+being fixed by formula; the top of the climb is looked around; the final sweep ends on the
+plateau rule, not after four points.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 from analyzer.search.base import Outcome, SearchLimits, SearchPoint, WalkStrategy
 from analyzer.search.space import SearchSpace, load_levels, manual_axes
+
+# configs whose best point lies within this of the leader's are looked around: twice the ~5% that
+# one-second points of one config move between minutes on a shared 2-core VM (BENCHMARKS.md)
+LOOK_BAND = 0.10
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,7 @@ class QuickSearch(WalkStrategy):
         self.batch = min(limits.batch_sizes)
         self.asked: dict[SearchPoint, Outcome] = {}
         self.best_by_config: dict[str, float] = {}
+        self.scored: dict[Any, float] = {}  # climb state -> its score (states the walk measured)
 
     def _told(self, trial: SearchPoint, outcome: Outcome) -> None:
         self.asked[trial] = outcome
@@ -118,22 +134,65 @@ class QuickSearch(WalkStrategy):
     def _evaluate(self, state: State) -> Generator[SearchPoint, None, float | None]:
         outcome = yield from self._measure(
             self._trial(self._params(state), self.levels[state.concurrency_index]))
-        return score_of(outcome) if outcome.ok else None
+        if not outcome.ok:
+            return None
+        self.scored[state] = score_of(outcome)
+        return self.scored[state]
+
+    def _beats(self, score: float, than: float) -> bool:
+        """Whether `score` is better than `than` by more than min_gain (log scores: additive)."""
+        return score > than + math.log1p(self.min_gain)
+
+    def _climb(self, current: State, score: float | None) -> Generator[SearchPoint, None, None]:
+        while score is not None:
+            best, best_score = None, score
+            for neighbour in self._neighbours(current):
+                found = yield from self._evaluate(neighbour)
+                if found is not None and self._beats(found, best_score):
+                    best, best_score = neighbour, found
+            if best is None:
+                return
+            current, score = best, best_score
+
+    def _config_bests(self) -> list[tuple[State, float]]:
+        """Each config the walk measured, at its best-scoring load, best first."""
+        bests: dict[str, tuple[State, float]] = {}
+        for state, score in self.scored.items():
+            key = json.dumps(self._params(state), sort_keys=True)
+            if key not in bests or score > bests[key][1]:
+                bests[key] = (state, score)
+        return sorted(bests.values(), key=lambda item: item[1], reverse=True)
+
+    def _look_around(self) -> Generator[SearchPoint, None, None]:
+        """Measures the neighbours (same load) of the top configs near the leader, once each;
+        climbs on from any that beats the leader, then looks again around the new top."""
+        looked: set[State] = set()
+        while True:
+            ranked = self._config_bests()
+            if not ranked:
+                return
+            lead = ranked[0][1]
+            floor = lead - math.log1p(LOOK_BAND)
+            todo = [state for state, score in ranked[: self.top_configs]
+                    if score >= floor and state not in looked]  # fmt: skip
+            if not todo:
+                return
+            state = todo[0]
+            looked.add(state)
+            for neighbour in self._neighbours(state):
+                if neighbour.concurrency_index != state.concurrency_index:
+                    continue
+                found = yield from self._evaluate(neighbour)
+                if found is not None and self._beats(found, lead):
+                    yield from self._climb(neighbour, found)
+                    break
 
     def _walk(self) -> Generator[SearchPoint, None, None]:
         # the model's own config first, over the concurrency levels around MA's formula
         start = self._start()
         yield from self._measure(self._trial({}, self.levels[start.concurrency_index]))
-        current, current_score = start, (yield from self._evaluate(start))
-        while current_score is not None:
-            best, best_score = None, current_score
-            for neighbour in self._neighbours(current):
-                score = yield from self._evaluate(neighbour)
-                if score is not None and score > best_score + abs(best_score) * self.min_gain:
-                    best, best_score = neighbour, score
-            if best is None:
-                break
-            current, current_score = best, best_score
+        yield from self._climb(start, (yield from self._evaluate(start)))
+        yield from self._look_around()
         yield from self._final_sweeps()
 
     def _chosen(self) -> list[str]:
@@ -145,25 +204,55 @@ class QuickSearch(WalkStrategy):
         return chosen
 
     def _final_sweeps(self) -> Generator[SearchPoint, None, None]:
-        if self.limits.sweep_disable:  # MA's concurrency_sweep_disable
+        """Each chosen config's best load, found outward from the best level the walk measured:
+        up while a level beats the best throughput so far by the plateau gain and still meets
+        the constraints, then down while a level meeting them stays within that gain of the best
+        (a latency constraint may put the best load lower). Ascending sweeps from concurrency 1
+        measured about twice as many points for the same best loads. Fixed load values are all
+        measured, as asked. None with MA's concurrency_sweep_disable."""
+        if self.limits.sweep_disable:
             return
-        sweep = self.sweep
         for params_json in self._chosen():
-            seen: list[float] = []
-            for level in self.levels:
-                trial = SearchPoint(params_json, self.load, level, self.batch)
-                outcome = yield from self._measure(trial)
-                if not outcome.ok:
-                    break
-                seen.append(outcome.throughput)
-                if self.limits.early_exit and outcome.breaks_latency_limit:
-                    break
-                if not self.fixed_load and sweep.plateaued(seen):
-                    break
+            if self.fixed_load:
+                for index in range(len(self.levels)):
+                    outcome = yield from self._measure(self._trial_at(params_json, index))
+                    if not outcome.ok or (self.limits.early_exit and outcome.breaks_latency_limit):
+                        break
+                continue
+            yield from self._sweep_outward(params_json)
+
+    def _sweep_outward(self, params_json: str) -> Generator[SearchPoint, None, None]:
+        gain = self.sweep.plateau_min_gain
+        known = {t.value: o for t, o in self.asked.items() if o.ok
+                 and t.params_json == params_json and t.batch_size == self.batch
+                 and t.value in self.levels}  # fmt: skip
+        start = (self.levels.index(max(known, key=lambda v: score_of(known[v]))) if known
+                 else self._start().concurrency_index)  # fmt: skip
+        top: float | None = None  # the best throughput of a point meeting the constraints
+        for index in range(start, len(self.levels)):  # up
+            outcome = yield from self._measure(self._trial_at(params_json, index))
+            if not outcome.ok or not outcome.satisfies_constraints:
+                break  # more load only adds latency
+            better = top is None or outcome.throughput > top * (1.0 + gain)
+            top = max(top or 0.0, outcome.throughput)
+            if not better:
+                break
+        for index in range(start - 1, -1, -1):  # down
+            outcome = yield from self._measure(self._trial_at(params_json, index))
+            if not outcome.ok:
+                break
+            if outcome.satisfies_constraints:
+                if top is not None and outcome.throughput < top * (1.0 - gain):
+                    break  # falling: less load only lowers it further
+                top = max(top or 0.0, outcome.throughput)
+
+    def _trial_at(self, params_json: str, index: int) -> SearchPoint:
+        return SearchPoint(params_json, self.load, self.levels[index], self.batch)
 
 
 def score_of(outcome: Outcome) -> float:
-    """The profiler's objective score when it sent one; throughput otherwise. A point that breaks
-    a constraint ranks below every point that meets them."""
-    score = outcome.objective
+    """The profiler's objective score (a weighted sum of logs) when it sent one; the log of the
+    throughput otherwise, on the same scale. A point that breaks a constraint ranks below every
+    point that meets them."""
+    score = outcome.score if outcome.score is not None else math.log(max(outcome.throughput, 1e-9))
     return score if outcome.satisfies_constraints else score - 1e6
