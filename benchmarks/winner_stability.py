@@ -362,6 +362,22 @@ def report(model: str, runs: list[dict], ref: dict[str, list[float]], what: str 
               f"{', '.join(f'{s:.2f}' for s in shares)} |", flush=True)
 
 
+def focus_counts(runs: list[dict], against: dict[str, tuple[float, float, float]]) -> None:
+    """Per mode, the winners within 5% of the focus's first config by the focus's estimates, and
+    by its intervals: surely (low >= 0.95), possibly (high >= 0.95); winners outside the focus
+    are counted apart."""
+    for mode in ("brute", "quick", "optuna"):
+        mine = [key_text(r["winner"]) for r in runs if r["mode"] == mode]
+        if not mine:
+            continue
+        inside = [t for t in mine if t in against]
+        within = sum(against[t][0] >= 0.95 for t in inside)
+        surely = sum(against[t][1] >= 0.95 for t in inside)
+        possibly = sum(against[t][2] >= 0.95 for t in inside)
+        print(f"    {mode}: within 5% by the estimates {within} of {len(mine)} (surely {surely}, "
+              f"possibly {possibly}); outside the focus {len(mine) - len(inside)}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", required=True, type=Path)
@@ -417,13 +433,16 @@ def main() -> int:
                   f"{len(few)} configs, paired by round; each / the first (median, range)")
             first = args.focus.split("|")[0]
             share = paired(few)
+            against: dict[str, tuple[float, float, float]] = {}  # mean, low, high / the first
             for text in few:
                 ratios = sorted(a / b for a, b in zip(share[text], share[first], strict=False))
                 interval = half_width([math.log(r) for r in ratios])
                 mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+                against[text] = (mean, mean * math.exp(-interval), mean * math.exp(interval))
                 print(f"    {mean:6.3f} (95% CI {mean * math.exp(-interval):.3f}-"
                       f"{mean * math.exp(interval):.3f}; median {statistics.median(ratios):.3f})"
                       f"  {text}", flush=True)  # fmt: skip
+            focus_counts(runs, against)
         perf_analyzer_check(model, runs, args.perf_analyzer_rounds, work, args.rule)
     return 0
 
