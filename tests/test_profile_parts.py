@@ -328,6 +328,34 @@ def test_quick_search_looks_around_a_flat_top_and_finds_the_config_two_steps_awa
     assert not [t for t in quick if t.params_json == best.params_json and t.value < 4]
 
 
+def test_quick_search_look_around_is_bounded_on_a_staircase(monkeypatch):
+    """Each step along any axis gains 0.5%: never the climb's 1%, but every config looked around
+    brings a better one into the top three. The look-around stops after LOOK_LIMIT looks per
+    top config instead of walking the whole staircase."""
+    from analyzer.search import quick
+
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+
+    def stairs(trial):
+        p = trial.params
+        if not p:
+            return 900.0 * min(1.0, trial.value / 8)
+        steps = (p["instance_count"] + sizes.index(p["max_batch_size"])
+                 + [0, 200, 1000].index(p["max_queue_delay_microseconds"]))  # fmt: skip
+        return 1000.0 * 1.005**steps * min(1.0, trial.value / 8)
+
+    limits = SearchLimits(own_max_batch_size=8, max_model_batch_size=128, max_instance_count=5,
+                          max_concurrency=64)  # fmt: skip
+
+    def configs() -> int:
+        trials = _walk(quick.QuickSearch(load_search_space(), limits), stairs)
+        return len({t.params_json for t in trials})
+
+    bounded = configs()
+    monkeypatch.setattr(quick, "LOOK_LIMIT", 100)
+    assert bounded < configs()
+
+
 def test_quick_search_gain_is_scale_free():
     """Scores are logs, so the climb's 1% gain means 1% at any throughput: the same model ten
     thousand times faster is walked through the same points."""
