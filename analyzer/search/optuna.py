@@ -248,11 +248,12 @@ class OptunaSearch(QuickSearch):
         # one step away is as likely the best as the ones sampled (QuickSearch._look_around);
         # not with MA's use_concurrency_formula, which fixes each config's load by its formula
         self.phase = "look"
-        for point, outcome in [] if self.limits.concurrency_formula else list(self.asked.items()):
-            state = self._state_of(point)
-            if state is not None and outcome.ok:
-                self.scored[state] = score_of(outcome)
-        yield from self._look_around()
+        if not self.limits.concurrency_formula:
+            for point, outcome in list(self.asked.items()):
+                state = self._state_of(point)
+                if state is not None and outcome.ok:
+                    self.scored[state] = score_of(outcome)
+            yield from self._look_around()
         self.phase = "sweeps"
         yield from self._final_sweeps()
 
