@@ -230,7 +230,10 @@ def measure_rounds(model: str, folder: Path, rounds: int, seed: int) -> dict[str
     configs = json.loads((folder / "configs.json").read_text())
     names = {f"r{i}": text for i, text in enumerate(configs)}
     repo = folder / "repository"
-    if not repo.exists():
+    # results keep each config.pbtxt, not the model files (results/.gitignore): a clone restages
+    if not all((repo / n).is_dir() and any(v.name.isdigit() for v in (repo / n).iterdir())
+               for n in names):  # fmt: skip
+        shutil.rmtree(repo, ignore_errors=True)
         staging = folder / "staging"
         shutil.rmtree(staging, ignore_errors=True)
         source = REPOS[model] / model
