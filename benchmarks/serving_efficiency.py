@@ -103,9 +103,10 @@ with torch.inference_mode():
 """
 
 
-def make_repository(root: Path) -> None:
+def make_repository(root: Path, settings: list[Setting] | None = None) -> None:
+    """One tiny_cnn variant per setting (every setting unless `settings` names some)."""
     base = (EXAMPLES / "tiny_cnn" / "config.pbtxt").read_text()
-    for s in SETTINGS:
+    for s in settings or SETTINGS:
         folder = root / f"tiny_cnn_{s.name}"
         (folder / "1").mkdir(parents=True)
         shutil.copy(EXAMPLES / "tiny_cnn" / "1" / "model.pt", folder / "1" / "model.pt")
@@ -268,12 +269,12 @@ def main() -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     settings = [s for s in SETTINGS if not args.settings or s.name in args.settings.split(",")]
     if args.compare_tree:
-        make_repository(tmp / "repo")
+        make_repository(tmp / "repo", settings)
         try:
             return compare(args, settings, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    make_repository(tmp / "repo")
+    make_repository(tmp / "repo", settings)
     worker = start_worker(tmp / "repo", cpus=PLACEMENT.server_cpus)
     offline = Offline()
     results = {}
