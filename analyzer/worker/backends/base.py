@@ -94,22 +94,17 @@ class TensorInstance(BackendInstance):
         t1 = time.perf_counter_ns()
         outputs = self.infer(inputs)
         t2 = time.perf_counter_ns()
-        results = split_outputs(requests, outputs)
+        if len(requests) == 1:
+            results: list[Result] = [outputs]
+        else:
+            results = []
+            offset = 0
+            for r in requests:
+                end = offset + r.batch_size
+                results.append({name: out[offset:end] for name, out in outputs.items()})
+                offset = end
         t3 = time.perf_counter_ns()
         timing.compute_input_ns = t1 - t0
         timing.compute_infer_ns = t2 - t1
         timing.compute_output_ns = t3 - t2
         return results
-
-
-def split_outputs(requests: list[InferRequest], outputs: dict[str, np.ndarray]) -> list[Result]:
-    """A batch's outputs back per request, as views along the batch dimension."""
-    if len(requests) == 1:
-        return [outputs]
-    results: list[Result] = []
-    offset = 0
-    for r in requests:
-        end = offset + r.batch_size
-        results.append({name: out[offset:end] for name, out in outputs.items()})
-        offset = end
-    return results

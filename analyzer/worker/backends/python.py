@@ -94,13 +94,14 @@ class StubProcess:
     The child stays in the worker's process group, so a launcher's killpg reaches it too.
     """
 
-    def __init__(self, label: str, module: str = "analyzer.worker.backends.python_stub"):
+    def __init__(self, label: str):
         self.label = label
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
             self.process = _spawner.popen(
-                [sys.executable, "-m", module, str(child.fileno()), str(os.getpid())],
+                [sys.executable, "-m", "analyzer.worker.backends.python_stub",
+                 str(child.fileno()), str(os.getpid())],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=sys.stderr.fileno(),

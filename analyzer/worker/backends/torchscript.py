@@ -9,7 +9,6 @@ model, every output back to host memory. Measured on an H200 (BENCHMARKS.md, "GP
 call"), the separate Python steps around the model -- a stream context, each input's copy, each
 output's copy, each a GIL release and re-acquire next to the busy event loop -- cost 15-20% of
 tiny_cnn's served throughput. The instance's own CUDA stream is made current once, on its thread.
-A GPU instance runs in a process of its own by default (`instance_process`).
 """
 
 from __future__ import annotations
@@ -25,11 +24,6 @@ import torch
 from analyzer.datatypes import config_to_wire, wire_to_numpy
 from analyzer.repository.repository import ModelSource
 from analyzer.worker.backends.base import Backend, BackendInstance, InstanceSpec, TensorInstance
-from analyzer.worker.backends.instance_process import (
-    ProcessInstance,
-    in_process_of_its_own,
-    instance_process_choice,
-)
 from analyzer.worker.validate import model_type_name
 
 _INDEXED = re.compile(r"^.+__(\d+)$")
@@ -49,7 +43,6 @@ class TorchScriptBackend(Backend):
                 f"model '{source.name}': pytorch_libtorch configs must list every input and "
                 "output (TorchScript files do not carry tensor shapes)"
             )
-        instance_process_choice(config)  # a bad INSTANCE_PROCESS fails the load here
         for tensor in list(config.input) + list(config.output):
             if config_to_wire(model_type_name(tensor.data_type)) == "BYTES":
                 raise ValueError(
@@ -63,8 +56,6 @@ class TorchScriptBackend(Backend):
         path = source.model_file(version)
         if not path.exists():
             raise ValueError(f"model '{source.name}' version {version}: {path} does not exist")
-        if in_process_of_its_own(source.config, spec):
-            return ProcessInstance(source, version, path, spec)
         return TorchScriptInstance(source, path, spec)
 
 
