@@ -7,7 +7,9 @@ For each serving setting (client batch, dynamic batching, instances, concurrency
 driven by NVIDIA's perf_analyzer, alternating with the offline limit measured in-process (torch,
 inference_mode, inputs prepared in advance) at the batch size the worker actually executed. On CPU
 the worker and the offline loop are pinned to core 1 and perf_analyzer to core 0, with one torch
-thread on both sides (../shared/BENCHMARKING.md). `--gpu` runs tiny_cnn on the GPU (KIND_GPU)
+thread on both sides (../shared/BENCHMARKING.md). Given more cores (`--server-cpus 2,3`), the
+model still runs one intra-op thread, as offline does: the other core is the front end's own.
+`--gpu` runs tiny_cnn on the GPU (KIND_GPU)
 and the offline limit on cuda, its input copied from host memory and its output back on every
 call as the worker's are; `--server-cpus`/`--client-cpus` move both sides (placement.py).
 Reported: per setting the median of the pairwise ratios served/offline with min and max; the
@@ -103,6 +105,9 @@ with torch.inference_mode():
 """
 
 
+ONE_THREAD = 'parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }\n'
+
+
 def make_repository(root: Path, settings: list[Setting] | None = None) -> None:
     """One tiny_cnn variant per setting (every setting unless `settings` names some)."""
     base = (EXAMPLES / "tiny_cnn" / "config.pbtxt").read_text()
@@ -112,7 +117,8 @@ def make_repository(root: Path, settings: list[Setting] | None = None) -> None:
         shutil.copy(EXAMPLES / "tiny_cnn" / "1" / "model.pt", folder / "1" / "model.pt")
         config = base.replace('name: "tiny_cnn"', f'name: "tiny_cnn_{s.name}"')
         config = placement.placed_config(config.replace("count: 1", f"count: {s.instances}"))
-        (folder / "config.pbtxt").write_text(config + "\n" + s.config + "\n")
+        # one intra-op thread per instance, as offline has, however many cores the server gets
+        (folder / "config.pbtxt").write_text(config + "\n" + s.config + "\n" + ONE_THREAD)
 
 
 class Offline:
