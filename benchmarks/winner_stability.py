@@ -230,13 +230,14 @@ def measure_rounds(model: str, folder: Path, rounds: int, seed: int) -> dict[str
     configs = json.loads((folder / "configs.json").read_text())
     names = {f"r{i}": text for i, text in enumerate(configs)}
     repo = folder / "repository"
+    source = REPOS[model] / model
     # results keep each config.pbtxt, not the model files (results/.gitignore): a clone restages
-    if not all((repo / n).is_dir() and any(v.name.isdigit() for v in (repo / n).iterdir())
-               for n in names):  # fmt: skip
+    model_files = [f.relative_to(source) for f in source.glob("[0-9]*/*")
+                   if f.is_file() and not f.name.startswith(".")]  # fmt: skip
+    if not all((repo / n / f).is_file() for n in names for f in model_files):
         shutil.rmtree(repo, ignore_errors=True)
         staging = folder / "staging"
         shutil.rmtree(staging, ignore_errors=True)
-        source = REPOS[model] / model
         for name, text in names.items():
             config = configs[text]
             for version in (p for p in source.iterdir() if p.is_dir() and p.name.isdigit()):
