@@ -9,9 +9,9 @@ inference_mode, inputs prepared in advance) at the batch size the worker actuall
 the worker and the offline loop are pinned to core 1 and perf_analyzer to core 0, with one torch
 thread on both sides (../shared/BENCHMARKING.md). Given more cores (`--server-cpus 2,3`), the
 model still runs one intra-op thread, as offline does: the other core is the front end's own.
-`--gpu` runs tiny_cnn on the GPU (KIND_GPU)
-and the offline limit on cuda, its input copied from host memory and its output back on every
-call as the worker's are; `--server-cpus`/`--client-cpus` move both sides (placement.py).
+`--gpu` runs tiny_cnn on the GPU (KIND_GPU) and the offline limit on cuda, its input copied from
+host memory and its output back on every call as the worker's are; `--server-cpus` and
+`--client-cpus` move both sides (placement.py).
 Reported: per setting the median of the pairwise ratios served/offline with min and max; the
 figure is the best setting's median.
 `--protocol grpc` drives the worker over gRPC (Model Analyzer's default) instead of HTTP.
@@ -180,6 +180,7 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
     if len(names) != 2 or not all(n in by_name for n in names):
         raise SystemExit(f"--ratio wants A/B of {', '.join(by_name)}, got {args.ratio!r}")
     a, b = by_name[names[0]], by_name[names[1]]
+    make_repository(tmp / "repo", [a, b])
     worker = start_worker(tmp / "repo", cpus=PLACEMENT.server_cpus)
     offline = Offline()
     runs = [("A", a), ("B", b), ("A-again", a)]
@@ -268,7 +269,6 @@ def main() -> int:
     PROTOCOL[0] = args.protocol
     tmp = Path(tempfile.mkdtemp(prefix="serving-eff-"))
     if args.ratio:
-        make_repository(tmp / "repo")
         try:
             return ratio_run(args, tmp)
         finally:
