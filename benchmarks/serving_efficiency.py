@@ -71,10 +71,10 @@ SETTINGS = [
     # the batch can fill at c=16: launched when the 16th request arrives, not when the delay ends
     Setting("b1_dynamic16", 1, 16,
             "dynamic_batching { preferred_batch_size: [ 16 ] max_queue_delay_microseconds: 2000 }"),
-    Setting("b1_dynamic0", 1, 16, "dynamic_batching { }"),
+    Setting("b1_dynamic0", 1, 16, "dynamic_batching { }"),  # Triton's default: no queue delay
     # two groups of 8 at c=16 on one instance: one group queues while the other computes
     Setting("b1_pref8", 1, 16,
-            "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 2000 }"),  # Triton's default: no queue delay
+            "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 2000 }"),
     # two instances on the worker's core: one group of requests is parsed while the other computes
     Setting("b1_dynamic8x2", 1, 16,
             "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 2000 }",
