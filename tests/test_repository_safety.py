@@ -442,6 +442,10 @@ def test_unload_answers_every_queued_request(guarded, model):
         queued = [client.async_infer(model, _x(0)) for _ in range(5)]
         _wait_for(lambda: _pending(served, model) == 5, "five queued requests")
         unloader.start()
+        # the gate opens only once the unload has begun: opened earlier, the instance could take
+        # the five queued requests before the unload closes the queue (seen under CI load)
+        _wait_for(lambda: _state(client, model) in ("UNLOADING", "UNAVAILABLE"),
+                  "the unload to begin")  # fmt: skip
         answers = []
         if model == "gated":  # no ordering to keep: the queued ones are answered at once
             answers = [_outcome(p) for p in queued]
@@ -457,6 +461,11 @@ def test_unload_answers_every_queued_request(guarded, model):
         if unloader.ident:
             unloader.join(WAIT_S)
         client.close()
+
+
+def _state(client, model: str) -> str:
+    return next((r.get("state", "") for r in client.get_model_repository_index()
+                 if r["name"] == model), "")  # fmt: skip
 
 
 def _unload(served, model: str) -> None:
