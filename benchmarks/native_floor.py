@@ -106,8 +106,7 @@ class NativeServer:
     def _run(self) -> None:
         import torch
 
-        os.sched_setaffinity(0, parse_cpu_list(placement.PLACEMENT.server_cpus, "--server-cpus"))
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # pinned already: threads inherit main()'s CPUs
         count = ctypes.c_long()
         ring = len(self.inputs)
         with torch.inference_mode():
@@ -126,6 +125,7 @@ class NativeServer:
 
 
 def drive(model: str, port: int, concurrency: int, window_ms: int, out: Path) -> float:
+    """perf_analyzer's throughput against the native server (the worker's legs use `se.served`)."""
     cmd = ["taskset", "-c", placement.PLACEMENT.client_cpus, str(placement.perf_analyzer()),
            "-m", model, "-x", "1", "-u", f"127.0.0.1:{port}", "-i", "http", "-b", "1",
            "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "50",
@@ -165,11 +165,7 @@ def main() -> int:
                     native = natives[s.name]
                     for leg in legs[i % 3 :] + legs[: i % 3]:
                         if leg == "worker":
-                            before = se.stats(worker.http, model)
-                            rate = drive(model, worker.ports["http"], s.concurrency,
-                                         args.window_ms, tmp / "p.csv")  # fmt: skip
-                            after = se.stats(worker.http, model)
-                            batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
+                            rate, batch, _ = se.served(worker, s, args.window_ms, tmp / "p.csv")
                         else:
                             samples, batches = native.samples, native.batches
                             rate = drive(model, native.port, s.concurrency, args.window_ms,
