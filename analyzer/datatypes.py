@@ -131,8 +131,11 @@ def tensor_to_bytes(array: np.ndarray, wire: str) -> bytes | memoryview:
     """Raw little-endian payload of a tensor for the binary extension / gRPC raw contents."""
     if wire == "BYTES":
         return serialize_bytes_tensor(array)
-    # a uint8 view exports a plain buffer for every dtype (bfloat16 and bool included)
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    try:  # the common case, a C-contiguous array of a standard dtype: its own buffer, as bytes
+        return memoryview(array).cast("B")
+    except (TypeError, ValueError):
+        # a uint8 view exports a plain buffer for every dtype (bfloat16 and bool included)
+        return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
 def tensor_from_bytes(
@@ -152,4 +155,4 @@ def tensor_from_bytes(
         raise ValueError(
             f"expected {expected} bytes for shape {list(shape)} {wire}, got {len(buffer)}"
         )
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    return np.ndarray(shape, dtype, buffer)  # a read-only view when the buffer is read-only

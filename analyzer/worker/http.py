@@ -15,7 +15,13 @@ from urllib.parse import unquote
 
 from analyzer.config.model_config import model_config_to_dict
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.http_message import HttpRequest, HttpResponse, Respond, error_response
+from analyzer.worker.http_message import (
+    Handler,
+    HttpRequest,
+    HttpResponse,
+    Respond,
+    error_response,
+)
 from analyzer.worker.http_tensors import _decode_inputs, _encode_outputs, _Plans
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.names import check_model_name
@@ -129,11 +135,30 @@ class RestApi:
                 raise _Refused(message)
 
     # -- /v2/models/... ---------------------------------------------------------------------
-    def _model_route(self, request: HttpRequest, parts: list[str], respond: Respond) -> None:
-        if parts[2] == "stats" and len(parts) == 3:
-            self._allow("statistics", request)
-            respond(_json({"model_stats": [m.stats.as_dict() for m in self.manager.loaded()]}))
-            return
+    def route(self, request: HttpRequest) -> Handler | None:
+        """The handler for requests whose head is byte for byte `request`'s (the transport's
+        repeated heads): an inference call, routed and allowed once, since routing and the
+        restriction check read only the head. None for anything else."""
+        parts = request.path.strip("/").split("/")
+        if request.method != "POST" or len(parts) < 4 or parts[:2] != ["v2", "models"]:
+            return None
+        try:
+            action, name, version = self._model_action(request, parts)
+        except (InferError, _Refused):
+            return None
+        if action != "infer":
+            return None
+
+        def infer(http: HttpRequest, respond: Respond) -> None:
+            try:
+                self._infer(http, name, version, respond)
+            except InferError as err:
+                respond(_error(err))
+
+        return infer
+
+    def _model_action(self, request: HttpRequest, parts: list[str]) -> tuple[str, str, str]:
+        """/v2/models/<name>[/versions/<v>][/<action>]: (action, name, version), allowed."""
         version = ""
         rest = parts[3:]
         if len(rest) >= 2 and rest[0] == "versions":
@@ -143,7 +168,14 @@ class RestApi:
         if category is None or len(rest) > 1:
             raise InferError(f"no route for {request.method} {request.path}", Status.NOT_FOUND)
         self._allow(category, request)
-        name = _model_name(parts[2])
+        return action, _model_name(parts[2]), version
+
+    def _model_route(self, request: HttpRequest, parts: list[str], respond: Respond) -> None:
+        if parts[2] == "stats" and len(parts) == 3:
+            self._allow("statistics", request)
+            respond(_json({"model_stats": [m.stats.as_dict() for m in self.manager.loaded()]}))
+            return
+        action, name, version = self._model_action(request, parts)
         if action == "infer" and request.method == "POST":
             self._infer(request, name, version, respond)
         elif action == "" and request.method == "GET":

@@ -82,6 +82,13 @@ class Flow:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        close = self.closing and len(self.slots) == 0
+        cell = response.wire
+        if cell is not None and not close:
+            encoded = cell[0]
+            if encoded is not None:
+                transport.writelines([encoded, *response.body])
+                return
         length = sum(len(b) for b in response.body)
         key = (response.status, response.content_type)
         prefix = _PREFIXES.get(key)
@@ -95,10 +102,13 @@ class Flow:
         head = [prefix, str(length), "\r\n"]
         for name, value in response.headers:
             head.append(f"{name}: {value}\r\n")
-        if self.closing and len(self.slots) == 0:
+        if close:
             head.append("Connection: close\r\n")
         head.append("\r\n")
-        transport.writelines([("".join(head)).encode("latin-1"), *response.body])
+        encoded = "".join(head).encode("latin-1")
+        if cell is not None and not close:
+            cell[0] = encoded
+        transport.writelines([encoded, *response.body])
 
     # -- flow control and clocks ------------------------------------------------------------
     def _pause(self, why: int) -> None:

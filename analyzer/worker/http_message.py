@@ -32,6 +32,9 @@ class HttpResponse:
     body: Sequence[bytes | memoryview] = ()
     content_type: str = "application/json"
     headers: list[tuple[str, str]] = field(default_factory=list)
+    # a cell shared by responses whose status, content type, body length and headers are all
+    # alike: the transport keeps their encoded HTTP head in it, built once
+    wire: list[bytes | None] | None = None
 
 
 Respond = Callable[[HttpResponse], None]

@@ -11,6 +11,14 @@ the time a request may take to arrive, idle time, connections, unanswered pipeli
 unread reply bytes. The checks cost a request a few integer compares; the clocks are one timer per
 connection that re-arms itself from timestamps, so nothing is scheduled per request.
 
+Clients repeat their heads byte for byte (perf_analyzer, tritonclient): a chunk that holds one
+whole request, with the head of the last one learned on this connection and the same length, is
+handed to the handler that request was routed to (`handler.route`), without the parser or the
+router. Only a split the parser itself would make is learned (CRLF lines, the first blank line
+where the body begins, nothing before or after), so the same bytes are the same request; anything
+else goes through the parser. On tiny_cnn at client batch 1 this was 3% of the served throughput
+(BENCHMARKS.md).
+
 The protocol here receives and dispatches; it mixes in the request checks (http_limits.py) and the
 sending side and clock (http_flow.py). The records a handler sees are in http_message.py.
 """
@@ -82,7 +90,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         "closing", "refused", "lingering", "paused", "receiving", "in_head", "measure", "count",
         "began", "idle_count", "idle_since", "raw_head", "raw_count", "body_bytes", "encoded",
         "inflater", "inflated", "bad", "timer", "waiting", "releasing", "head_cap", "body_cap",
-        "pending_cap", "length_digits", "held",
+        "pending_cap", "length_digits", "held", "repeat", "learned", "relearn",
     )  # fmt: skip
 
     def __init__(self, handler: Handler, server: _Server):
@@ -124,6 +132,9 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         self.inflated = 0
         self.bad: HttpResponse | None = None  # the answer to this request, decided early
         self.timer: asyncio.TimerHandle | None = None
+        self.repeat: _Repeat | None = None  # the head this client repeats, and where it goes
+        self.learned: HttpRequest | None = None  # a request that may become `repeat`
+        self.relearn = 0  # `count` from which a request may be learned again
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -166,6 +177,12 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return  # the answer is out or queued; the rest of this client's bytes go nowhere
+        repeat = self.repeat
+        if (repeat is not None and len(data) == repeat.size and not self.receiving
+                and data.startswith(repeat.head) and self._repeated(data, repeat)):  # fmt: skip
+            return
+        fresh = not self.receiving
+        count = self.count
         try:
             # a head that ends in the chunk it began in is no longer than the chunk: only a chunk
             # longer than the cap, or one that goes on a head, needs the head measured
@@ -183,6 +200,48 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
                 self._refuse(500, f"internal error: {err.__context__}")
         except httptools.HttpParserError as err:
             self._refuse(400, f"malformed HTTP request: {err}")
+        learned, self.learned = self.learned, None
+        if learned is not None and fresh and self.count == count + 1 and not self.receiving \
+                and not self.refused:  # fmt: skip
+            self._learn(learned, data)
+
+    # -- repeated heads ---------------------------------------------------------------------
+    def _learn(self, request: HttpRequest, data: bytes) -> None:
+        """`data` held exactly `request`, whole: if its head is where the body's length says,
+        a later chunk with the same head and length is the same request with another body."""
+        router = getattr(self.handler, "route", None)
+        if router is None:
+            return
+        cut = len(data) - len(request.body)
+        head = data[:cut]
+        # lines end in CRLF alone and the first blank line, which ends a head, is where the
+        # body begins: the split is the parser's
+        if (cut < 16 or head.find(b"\r\n\r\n") != cut - 4
+                or head.count(b"\n") != head.count(b"\r\n")
+                or not head.startswith(request.method.encode("latin-1") + b" ")):  # fmt: skip
+            return
+        # a client whose heads vary is not learned from on every request: the gap doubles
+        # while what was learned goes unused
+        old = self.repeat
+        gap = 1 if old is None or old.hits else min(old.gap * 2, _MAX_LEARN_GAP)
+        self.relearn = self.count + gap
+        handler = router(request)
+        self.repeat = _Repeat(head, len(data), request, handler, gap) if handler else None
+
+    def _repeated(self, data: bytes, repeat: _Repeat) -> bool:
+        """A chunk that repeats the learned head: the request without the parser or routing.
+        Declined (the parser takes it) when the bodies arriving over all connections would
+        pass their budget, so that the budget's answer is the parser's."""
+        server = self.server
+        body = memoryview(data)[len(repeat.head):]
+        if server.held + len(body) > server.budget:
+            return False
+        self.count += 1
+        self.began = _now()
+        repeat.hits += 1
+        request = HttpRequest(repeat.method, repeat.path, repeat.query, repeat.headers.copy(), body)
+        self._accept(request, repeat.handler)
+        return True
 
     def _feed_measured(self, data: bytes) -> None:
         """Feed with heads measured when complete; httptools buffers a header until it is whole,
@@ -264,7 +323,15 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
                 return
         url = self.url.decode("latin-1")
         path, _, query = url.partition("?")
-        request = HttpRequest(self.parser.get_method().decode(), path, query, self.headers, body)
+        headers = self.headers
+        request = HttpRequest(self.parser.get_method().decode(), path, query, headers, body)
+        if (body and self.count >= self.relearn and not self.closing
+                and "content-length" in headers and not _UNREPEATABLE & headers.keys()):
+            self.learned = request  # fmt: skip
+        self._accept(request, self.handler)
+
+    def _accept(self, request: HttpRequest, handler: Handler) -> None:
+        """A whole request: handed to `handler` now, or queued while too many are unanswered."""
         slot = [None, request]
         self.slots.append(slot)
         if self.paused or len(self.slots) > self.pending_cap:
@@ -273,9 +340,9 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
             self._pause(_PENDING)
             return
         try:  # _dispatch, inlined: this is the hot path
-            self.handler(request, lambda response: self._fill(slot, response))
+            handler(request, lambda response: self._fill(slot, response))
         except Exception as err:  # a handler bug must not leave the request unanswered
-            log.exception("HTTP handler failed for %s %s", request.method, path)
+            log.exception("HTTP handler failed for %s %s", request.method, request.path)
             self._fill(slot, error_response(500, f"internal error: {err}"))
 
     def _dispatch(self, slot: list) -> None:
@@ -300,6 +367,28 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
             self.releasing = False
         if not waiting:
             self._resume(_PENDING)
+
+
+# headers after which the same head need not mean the same request (or a body as received)
+_UNREPEATABLE = frozenset(("transfer-encoding", "content-encoding", "expect"))
+_MAX_LEARN_GAP = 64
+
+
+class _Repeat:
+    """A head a client sends again and again (perf_analyzer and tritonclient repeat theirs
+    byte for byte) and the handler its request was routed to."""
+
+    __slots__ = ("head", "size", "method", "path", "query", "headers", "handler", "gap", "hits")
+
+    def __init__(self, head: bytes, size: int, request: HttpRequest, handler: Handler, gap: int):
+        self.head = head
+        self.size = size  # head and body: a chunk of this length holds the request whole
+        # what the head said, not the request: its body is not kept
+        self.method, self.path, self.query = request.method, request.path, request.query
+        self.headers = dict(request.headers)
+        self.handler = handler
+        self.gap = gap  # requests between the learning of this and the one before
+        self.hits = 0
 
 
 def _run_disconnect_hooks(request: HttpRequest) -> None:

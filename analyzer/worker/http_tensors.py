@@ -276,9 +276,9 @@ def _encode_outputs(
         key = (model.name, model.version, *((n, a.dtype, a.shape) for n, a in outputs.items()))
         cached = heads.get(key)
         if cached is not None:
-            head, sent, headers = cached
+            head, sent, headers, wire_head = cached
             blobs = [tensor_to_bytes(outputs[name], wire) for name, wire in sent]
-            return HttpResponse(200, [head, *blobs], _BINARY_TYPE, headers)
+            return HttpResponse(200, [head, *blobs], _BINARY_TYPE, headers, wire_head)
     if spec:
         wanted = [(o["name"], (o.get("parameters") or {})) for o in spec]
     else:
@@ -331,5 +331,6 @@ def _encode_outputs(
     ):
         if len(heads) >= _Plans.MAX_HEADS:
             del heads[next(iter(heads))]
-        heads[key] = (head, sent, headers)
+        # the key fixes every output's type and shape, so the body's length: one HTTP head
+        heads[key] = (head, sent, headers, [None])
     return HttpResponse(200, [head, *blobs], _BINARY_TYPE, headers)

@@ -63,19 +63,26 @@ class ModelStats:
         self, ok: Sequence[InferRequest], failed: Sequence[InferRequest], timing: BatchTiming
     ) -> None:
         end = time.perf_counter_ns()
-        size = sum(r.batch_size for r in ok) + sum(r.batch_size for r in failed)
+        n = len(ok)
+        # per batch, not per request: a sum of per-request durations is n times the batch's end
+        # (or start) less the sum of the requests' arrivals (or queue entries)
+        arrived = queued = done = 0
+        for r in ok:
+            arrived += r.arrival_ns
+            queued += r.queue_start_ns
+            done += r.batch_size
+        size = done + sum(r.batch_size for r in failed)
         with self._lock:
             d = self.durations
-            for r in ok:
-                d["success"].add(end - r.arrival_ns)
-                d["queue"].add(timing.compute_start_ns - r.queue_start_ns)
-                d["compute_input"].add(timing.compute_input_ns)
-                d["compute_infer"].add(timing.compute_infer_ns)
-                d["compute_output"].add(timing.compute_output_ns)
-            for r in failed:
-                d["fail"].add(end - r.arrival_ns)
+            if failed:
+                d["fail"].add(len(failed) * end - sum(r.arrival_ns for r in failed), len(failed))
             if ok:
-                self.inference_count += sum(r.batch_size for r in ok)
+                d["success"].add(n * end - arrived, n)
+                d["queue"].add(n * timing.compute_start_ns - queued, n)
+                d["compute_input"].add(n * timing.compute_input_ns, n)
+                d["compute_infer"].add(n * timing.compute_infer_ns, n)
+                d["compute_output"].add(n * timing.compute_output_ns, n)
+                self.inference_count += done
                 self.execution_count += 1
                 stat = self.batch_stats.setdefault(size, BatchStat())
                 stat.compute_input.add(timing.compute_input_ns)

@@ -1,0 +1,245 @@
+"""Repeated heads: a client that sends the same head again (perf_analyzer, tritonclient) has its
+requests routed once and handed on without the parser -- with the same answers, limits and
+order as the parser's path, and nothing learned from a chunk whose split is in doubt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+
+import numpy as np
+import pytest
+from serving import EXAMPLES, start_worker
+
+from analyzer.worker import http_server
+from analyzer.worker.http_message import HttpRequest, HttpResponse
+from analyzer.worker.limits import Limits
+
+
+def request(path: str, body: bytes, **headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1"]
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class Transport:
+    """What the protocol writes, in order; never closing."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+
+    def writelines(self, parts) -> None:
+        self.out.append(b"".join(bytes(p) for p in parts))
+
+    def write(self, data) -> None:  # 100 Continue
+        self.out.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name):
+        return None
+
+    def set_write_buffer_limits(self, high=None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def bodies(self) -> list[bytes]:
+        return [o.split(b"\r\n\r\n", 1)[1] for o in self.out]
+
+
+class Echo:
+    """Answers every request with `<who>:<path>:<body>`; its `route` hands out a second
+    handler for /routed paths only, and counts how often it was asked."""
+
+    def __init__(self) -> None:
+        self.routes = 0
+
+    def __call__(self, req: HttpRequest, respond) -> None:
+        respond(HttpResponse(200, [b"parser:" + req.path.encode() + b":" + bytes(req.body)]))
+
+    def route(self, req: HttpRequest):
+        self.routes += 1
+        if not req.path.startswith("/routed"):
+            return None
+
+        def routed(again: HttpRequest, respond) -> None:
+            assert again.headers == req.headers and again.headers is not req.headers
+            body = b"routed:" + again.path.encode() + b":" + bytes(again.body)
+            respond(HttpResponse(200, [body]))
+
+        return routed
+
+
+def connection(handler, limits: Limits | None = None):
+    loop = asyncio.new_event_loop()
+    server = http_server._Server(limits or Limits(), loop)
+    protocol = http_server._Protocol(handler, server)
+    transport = Transport()
+    protocol.connection_made(transport)
+    return protocol, transport, server, loop
+
+
+def close(protocol, loop) -> None:
+    protocol.connection_lost(None)
+    loop.close()
+
+
+def test_a_repeated_head_is_routed_once_and_each_body_answered_as_sent():
+    echo = Echo()
+    protocol, transport, _, loop = connection(echo)
+    try:
+        for body in (b"aaa", b"bbb", b"ccc"):
+            protocol.data_received(request("/routed/x", body, X_Id="7"))
+        assert transport.bodies() == [b"parser:/routed/x:aaa", b"routed:/routed/x:bbb",
+                                      b"routed:/routed/x:ccc"]  # fmt: skip
+        assert echo.routes == 1 and protocol.repeat.hits == 2
+        assert not hasattr(protocol.repeat, "body")  # the first request's body is not kept
+    finally:
+        close(protocol, loop)
+
+
+def test_anything_but_the_same_head_and_length_goes_through_the_parser():
+    echo = Echo()
+    protocol, transport, _, loop = connection(echo)
+    try:
+        protocol.data_received(request("/routed/x", b"aaa", X_Id="7"))
+        protocol.data_received(request("/routed/x", b"bbb", X_Id="8"))  # another head
+        protocol.data_received(request("/routed/x", b"cc", X_Id="8"))  # another length
+        again = request("/routed/x", b"ddd", X_Id="8")
+        protocol.data_received(again[:20])  # the same request, in two chunks
+        protocol.data_received(again[20:])
+        # two whole requests in one chunk, with the learned head
+        protocol.data_received(request("/routed/x", b"eee", X_Id="8") * 2)
+        assert transport.bodies() == [
+            b"parser:/routed/x:aaa", b"parser:/routed/x:bbb", b"parser:/routed/x:cc",
+            b"parser:/routed/x:ddd", b"parser:/routed/x:eee", b"parser:/routed/x:eee",
+        ]  # fmt: skip
+    finally:
+        close(protocol, loop)
+
+
+@pytest.mark.parametrize("chunk", [
+    b"\r\n" + request("/routed/x", b"abc"),  # a blank line before the request line
+    request("/routed/x", b"abc") + b"\r\n",  # and after the body
+], ids=["leading-crlf", "trailing-crlf"])  # fmt: skip
+def test_a_chunk_whose_split_is_in_doubt_is_not_learned(chunk):
+    echo = Echo()
+    protocol, transport, _, loop = connection(echo)
+    try:
+        protocol.data_received(chunk)
+        protocol.data_received(chunk)
+        assert transport.bodies() == [b"parser:/routed/x:abc"] * 2
+        assert protocol.repeat is None
+    finally:
+        close(protocol, loop)
+
+
+def test_unrepeatable_heads_and_unrouted_paths_are_not_learned():
+    echo = Echo()
+    protocol, transport, _, loop = connection(echo)
+    try:
+        body = b"x" * 10
+        for _ in range(2):
+            protocol.data_received(request("/elsewhere", body))
+            protocol.data_received(request("/routed/x", body, Expect="100-continue"))
+        assert protocol.repeat is None
+        answers = [o for o in transport.out if not o.startswith(b"HTTP/1.1 100")]
+        assert len(answers) == 4
+        assert all(o.split(b"\r\n\r\n", 1)[1].startswith(b"parser:") for o in answers)
+    finally:
+        close(protocol, loop)
+
+
+def test_heads_that_never_repeat_are_learned_ever_less_often():
+    echo = Echo()
+    protocol, transport, _, loop = connection(echo)
+    try:
+        for i in range(300):
+            protocol.data_received(request("/routed/x", b"abc", X_Id=f"{i:05d}"))
+        assert len(transport.out) == 300
+        assert echo.routes < 20  # the gap doubles to 64 while nothing repeats
+    finally:
+        close(protocol, loop)
+
+
+def test_the_buffered_budget_answers_a_repeated_request_as_the_parser_would():
+    echo = Echo()
+    protocol, transport, server, loop = connection(echo, Limits(max_buffered_bytes=100))
+    try:
+        protocol.data_received(request("/routed/x", b"a" * 50))
+        protocol.data_received(request("/routed/x", b"b" * 50))
+        server.held = 60  # other connections' bodies still arriving
+        protocol.data_received(request("/routed/x", b"c" * 50))
+        assert transport.out[-1].startswith(b"HTTP/1.1 503")
+        assert b"--http-max-buffered-size" in transport.out[-1]
+        assert transport.bodies()[:2] == [b"parser:/routed/x:" + b"a" * 50,
+                                          b"routed:/routed/x:" + b"b" * 50]  # fmt: skip
+    finally:
+        server.held = 0
+        close(protocol, loop)
+
+
+# -- through the worker -------------------------------------------------------------------------
+def add_sub_request(a: np.ndarray, b: np.ndarray, **headers: str) -> bytes:
+    inputs = [{"name": n, "datatype": "FP32", "shape": [1, 4],
+               "parameters": {"binary_data_size": 16}} for n in ("INPUT0", "INPUT1")]  # fmt: skip
+    outputs = [{"name": n, "parameters": {"binary_data": True}} for n in ("OUTPUT0", "OUTPUT1")]
+    head = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
+    body = head + a.astype("<f4").tobytes() + b.astype("<f4").tobytes()
+    return request("/v2/models/add_sub/infer", body,
+                   Inference_Header_Content_Length=str(len(head)), **headers)  # fmt: skip
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, rest = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    fields = dict(line.split(": ", 1) for line in lines[1:])
+    length = int(fields["Content-Length"])
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return int(lines[0].split()[1]), fields, rest
+
+
+def add_sub_outputs(fields: dict[str, str], body: bytes) -> tuple[np.ndarray, np.ndarray]:
+    n = int(fields["Inference-Header-Content-Length"])
+    values = struct.unpack("<8f", body[n:])
+    return np.array(values[:4]), np.array(values[4:])
+
+
+def test_a_client_repeating_its_head_gets_its_own_answers_from_the_worker():
+    rng = np.random.default_rng(3)
+    served = start_worker(EXAMPLES, "--load-model=add_sub", "--model-control-mode=explicit",
+                          "--http-restricted-api=inference:key=secret")  # fmt: skip
+    try:
+        host, port = served.http.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(6):
+                a, b = rng.standard_normal(4), rng.standard_normal(4)
+                sock.sendall(add_sub_request(a, b, Key="secret"))
+                status, fields, body = read_response(sock)
+                assert status == 200
+                total, difference = add_sub_outputs(fields, body)
+                np.testing.assert_allclose(total, a + b, rtol=1e-6)
+                np.testing.assert_allclose(difference, a - b, rtol=1e-6)
+            # the restriction is checked per head: without its header's value, a 403 as before
+            sock.sendall(add_sub_request(a, b, Key="wrong!"))
+            status, _, body = read_response(sock)
+            assert status == 403 and b"key" in body
+    finally:
+        served.stop()
