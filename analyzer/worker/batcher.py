@@ -80,7 +80,7 @@ class Scheduler:
             timeout = request.timeout_us
         request.timeout_us = timeout
         request.queue_start_ns = time.perf_counter_ns()
-        if self.dynamic:
+        if self.dynamic and not request.signature:
             request.signature = request.batch_signature()
         with self._cond:
             if self._closed:

@@ -103,13 +103,14 @@ class Layout:
     correlation: int | str
     flags: int
     checked: dict  # batch size by the model versions' validators that accepted the layout
+    signature: tuple  # the requests' batch_signature(): their shapes are the layout's
 
     def request(self, data: bytes, on_done, arrival_ns: int, base: int,
                 request_id: str) -> InferRequest:  # fmt: skip
         """The InferRequest of a message that `Layouts.match` gave this layout for (with the
         offset of its first raw field and its id)."""
         inputs = {
-            name: np.frombuffer(data, dtype, count, base + offset).reshape(shape)
+            name: np.ndarray(shape, dtype, data, base + offset)
             for name, dtype, shape, count, offset in self.inputs
         }
         return InferRequest(
@@ -125,6 +126,7 @@ class Layout:
             timeout_us=self.timeout,
             correlation_id=self.correlation,
             flags=self.flags,
+            signature=self.signature,
         )
 
 
@@ -210,4 +212,5 @@ class Layouts:
             correlation=accepted.correlation_id,
             flags=accepted.flags,
             checked={},
+            signature=accepted.batch_signature(),
         )

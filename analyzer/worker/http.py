@@ -297,6 +297,7 @@ class RestApi:
             timeout_us=plan.timeout,
             correlation_id=plan.correlation,
             flags=plan.flags,
+            signature=plan.signature,
         )
         http.on_disconnect(request.cancel)
         if plan.checked is not None:  # a kept plan: its layout is checked once per model version

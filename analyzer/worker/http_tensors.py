@@ -88,6 +88,7 @@ class _Plan:
     flags: int
     heads: dict | None  # response heads by output layout; None when the plan is not kept
     checked: dict | None  # batch size by the model versions' validators that accepted it
+    signature: tuple  # the requests' batch_signature(): their shapes are the plan's
 
 
 class _Plans:
@@ -183,6 +184,7 @@ def _make_plan(header: dict, keep: bool) -> _Plan:
         flags=sequence_flags(params),
         heads={} if keep else None,
         checked={} if keep else None,
+        signature=tuple((p.name, p.shape[1:]) for p in inputs),
     )
 
 

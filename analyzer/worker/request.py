@@ -32,7 +32,9 @@ class InferRequest:
     correlation_id: int | str = 0
     flags: int = 0
     cancelled: bool = False  # the client went away: drop it instead of running it
-    signature: tuple = ()  # batch_signature(), set once by a dynamic batcher's enqueue
+    # batch_signature(): given by a protocol that knows it from a repeated layout, else set
+    # once by a dynamic batcher's enqueue
+    signature: tuple = ()
     # the execution that answered it, set by the instance runner (an ensemble sums its steps')
     timing: BatchTiming | None = None
     # a decoupled model's responses, each as it is sent: (outputs or None, error, final); set
