@@ -7,6 +7,7 @@ onnxruntime release the GIL), python-backend instances forward the batch to thei
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -80,6 +81,11 @@ class InstanceRunner:
                 self._fail(batch, abandoned)
                 return
             self._execute(batch)
+            if self.scheduler.pending:
+                # requests wait, so the next batch would start at once: first let the event loop
+                # send this batch's answers (it does not preempt a model thread, sched.py), or
+                # their clients sit idle through the next execution instead of sending again
+                os.sched_yield()
 
     def _warm_up(self) -> None:
         """Each warm-up sample, `count` times, straight on this instance (no queue: nothing else
