@@ -237,6 +237,17 @@ def test_a_client_repeating_its_head_gets_its_own_answers_from_the_worker():
                 total, difference = add_sub_outputs(fields, body)
                 np.testing.assert_allclose(total, a + b, rtol=1e-6)
                 np.testing.assert_allclose(difference, a - b, rtol=1e-6)
+            # JSON tensors: the same head and length, other values (the body is JSON's to read)
+            for first in (1, 7):
+                values = {"inputs": [
+                    {"name": n, "datatype": "FP32", "shape": [1, 4], "data": [first, 2, 3, 4]}
+                    for n in ("INPUT0", "INPUT1")]}  # fmt: skip
+                sock.sendall(request("/v2/models/add_sub/infer", json.dumps(values).encode(),
+                                     Key="secret"))  # fmt: skip
+                status, _, body = read_response(sock)
+                assert status == 200
+                outputs = {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
+                assert outputs["OUTPUT0"] == [2 * first, 4, 6, 8]
             # the restriction is checked per head: without its header's value, a 403 as before
             sock.sendall(add_sub_request(a, b, Key="wrong!"))
             status, _, body = read_response(sock)
