@@ -213,7 +213,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         if router is None:
             return
         cut = len(data) - len(request.body)
-        head = data[:cut]
+        head = bytes(data[:cut])
         # lines end in CRLF alone and the first blank line, which ends a head, is where the
         # body begins: the split is the parser's
         if (cut < 16 or head.find(b"\r\n\r\n") != cut - 4

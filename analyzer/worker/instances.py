@@ -20,6 +20,7 @@ from analyzer.worker.stats import ModelStats
 from analyzer.worker.warmup import WarmupSample
 
 log = logging.getLogger(__name__)
+_yield = getattr(os, "sched_yield", lambda: None)  # POSIX; elsewhere the scheduler decides
 
 
 class InstanceRunner:
@@ -85,7 +86,7 @@ class InstanceRunner:
                 # requests wait, so the next batch would start at once: first let the event loop
                 # send this batch's answers (it does not preempt a model thread, sched.py), or
                 # their clients sit idle through the next execution instead of sending again
-                os.sched_yield()
+                _yield()
 
     def _warm_up(self) -> None:
         """Each warm-up sample, `count` times, straight on this instance (no queue: nothing else
