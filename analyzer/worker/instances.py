@@ -10,10 +10,11 @@ import logging
 import os
 import threading
 import time
+from typing import Protocol
 
 from analyzer.worker import sched
 from analyzer.worker.backends.base import BackendInstance, InstanceSpec
-from analyzer.worker.batcher import Deliver, Scheduler
+from analyzer.worker.batcher import Deliver
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest
 from analyzer.worker.stats import ModelStats
@@ -23,12 +24,22 @@ log = logging.getLogger(__name__)
 _yield = getattr(os, "sched_yield", lambda: None)  # POSIX; elsewhere the scheduler decides
 
 
+class BatchSource(Protocol):
+    """What a runner pulls from: the dynamic batcher, or one instance's lane of the sequence
+    batcher."""
+
+    @property
+    def pending(self) -> int: ...
+
+    def next_batch(self) -> list[InferRequest] | None: ...
+
+
 class InstanceRunner:
     def __init__(
         self,
         spec: InstanceSpec,
         instance: BackendInstance,
-        scheduler: Scheduler,
+        scheduler: BatchSource,
         stats: ModelStats,
         deliver: Deliver,
         warmup: list[WarmupSample] | None = None,

@@ -259,6 +259,11 @@ class _LaneView:
         self.scheduler = scheduler
         self.index = index
 
+    @property
+    def pending(self) -> int:
+        """Requests waiting in the whole sequence batcher (the runner's hint to yield)."""
+        return self.scheduler.pending
+
     def next_batch(self) -> list[InferRequest] | None:
         while True:
             batch = self.scheduler.next_batch(self.index)
