@@ -50,8 +50,10 @@ def test_concurrency_mode_matches_server_statistics(examples_worker, protocol):
         assert p.server.request_us < p.latency_avg_us  # the client sees the server's time and more
         assert p.client_processes == 1 and 0 < p.client_cpu_pct < 100
         assert p.monitors["gpu"].available is False or p.monitors["gpu"].gpus
-    # 4 outstanding requests on one python instance queue up at the server
-    assert points[1].server.queue_us > points[0].server.queue_us
+    # 4 outstanding requests on one python instance wait for it: they queue longer than one
+    # alone, or the dynamic batcher runs them together (a timing alone flaked under CI load)
+    busy = points[1].server
+    assert busy.queue_us > points[0].server.queue_us or busy.execution_count < busy.success_count
 
 
 @pytest.mark.parametrize(
