@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import struct
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -82,38 +83,35 @@ class Echo:
         return routed
 
 
-def connection(handler, limits: Limits | None = None):
+@contextmanager
+def connection(limits: Limits | None = None):
+    """(Echo handler, protocol, transport, server) of one connection, closed afterwards."""
+    echo = Echo()
     loop = asyncio.new_event_loop()
     server = http_server._Server(limits or Limits(), loop)
-    protocol = http_server._Protocol(handler, server)
+    protocol = http_server._Protocol(echo, server)
     transport = Transport()
     protocol.connection_made(transport)
-    return protocol, transport, server, loop
-
-
-def close(protocol, loop) -> None:
-    protocol.connection_lost(None)
-    loop.close()
+    try:
+        yield echo, protocol, transport, server
+    finally:
+        server.held = 0
+        protocol.connection_lost(None)
+        loop.close()
 
 
 def test_a_repeated_head_is_routed_once_and_each_body_answered_as_sent():
-    echo = Echo()
-    protocol, transport, _, loop = connection(echo)
-    try:
+    with connection() as (echo, protocol, transport, _):
         for body in (b"aaa", b"bbb", b"ccc"):
             protocol.data_received(request("/routed/x", body, X_Id="7"))
         assert transport.bodies() == [b"parser:/routed/x:aaa", b"routed:/routed/x:bbb",
                                       b"routed:/routed/x:ccc"]  # fmt: skip
         assert echo.routes == 1 and protocol.repeat.hits == 2
         assert not hasattr(protocol.repeat, "body")  # the first request's body is not kept
-    finally:
-        close(protocol, loop)
 
 
 def test_anything_but_the_same_head_and_length_goes_through_the_parser():
-    echo = Echo()
-    protocol, transport, _, loop = connection(echo)
-    try:
+    with connection() as (echo, protocol, transport, _):
         protocol.data_received(request("/routed/x", b"aaa", X_Id="7"))
         protocol.data_received(request("/routed/x", b"bbb", X_Id="8"))  # another head
         protocol.data_received(request("/routed/x", b"cc", X_Id="8"))  # another length
@@ -126,8 +124,6 @@ def test_anything_but_the_same_head_and_length_goes_through_the_parser():
             b"parser:/routed/x:aaa", b"parser:/routed/x:bbb", b"parser:/routed/x:cc",
             b"parser:/routed/x:ddd", b"parser:/routed/x:eee", b"parser:/routed/x:eee",
         ]  # fmt: skip
-    finally:
-        close(protocol, loop)
 
 
 @pytest.mark.parametrize("chunk", [
@@ -135,21 +131,15 @@ def test_anything_but_the_same_head_and_length_goes_through_the_parser():
     request("/routed/x", b"abc") + b"\r\n",  # and after the body
 ], ids=["leading-crlf", "trailing-crlf"])  # fmt: skip
 def test_a_chunk_whose_split_is_in_doubt_is_not_learned(chunk):
-    echo = Echo()
-    protocol, transport, _, loop = connection(echo)
-    try:
+    with connection() as (echo, protocol, transport, _):
         protocol.data_received(chunk)
         protocol.data_received(chunk)
         assert transport.bodies() == [b"parser:/routed/x:abc"] * 2
         assert protocol.repeat is None
-    finally:
-        close(protocol, loop)
 
 
 def test_unrepeatable_heads_and_unrouted_paths_are_not_learned():
-    echo = Echo()
-    protocol, transport, _, loop = connection(echo)
-    try:
+    with connection() as (echo, protocol, transport, _):
         body = b"x" * 10
         for _ in range(2):
             protocol.data_received(request("/elsewhere", body))
@@ -158,26 +148,18 @@ def test_unrepeatable_heads_and_unrouted_paths_are_not_learned():
         answers = [o for o in transport.out if not o.startswith(b"HTTP/1.1 100")]
         assert len(answers) == 4
         assert all(o.split(b"\r\n\r\n", 1)[1].startswith(b"parser:") for o in answers)
-    finally:
-        close(protocol, loop)
 
 
 def test_heads_that_never_repeat_are_learned_ever_less_often():
-    echo = Echo()
-    protocol, transport, _, loop = connection(echo)
-    try:
+    with connection() as (echo, protocol, transport, _):
         for i in range(300):
             protocol.data_received(request("/routed/x", b"abc", X_Id=f"{i:05d}"))
         assert len(transport.out) == 300
         assert echo.routes < 20  # the gap doubles to 64 while nothing repeats
-    finally:
-        close(protocol, loop)
 
 
 def test_the_buffered_budget_answers_a_repeated_request_as_the_parser_would():
-    echo = Echo()
-    protocol, transport, server, loop = connection(echo, Limits(max_buffered_bytes=100))
-    try:
+    with connection(Limits(max_buffered_bytes=100)) as (echo, protocol, transport, server):
         protocol.data_received(request("/routed/x", b"a" * 50))
         protocol.data_received(request("/routed/x", b"b" * 50))
         server.held = 60  # other connections' bodies still arriving
@@ -186,9 +168,6 @@ def test_the_buffered_budget_answers_a_repeated_request_as_the_parser_would():
         assert b"--http-max-buffered-size" in transport.out[-1]
         assert transport.bodies()[:2] == [b"parser:/routed/x:" + b"a" * 50,
                                           b"routed:/routed/x:" + b"b" * 50]  # fmt: skip
-    finally:
-        server.held = 0
-        close(protocol, loop)
 
 
 # -- through the worker -------------------------------------------------------------------------

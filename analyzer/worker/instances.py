@@ -170,16 +170,12 @@ class InstanceRunner:
         if self.trace_enabled:
             self.trace.append((timing.compute_start_ns, end, sum(r.batch_size for r in batch)))
         failed = [r for r, res in zip(batch, results, strict=True) if isinstance(res, Exception)]
-        if failed:
-            ok = [r for r, res in zip(batch, results, strict=True)
-                  if not isinstance(res, Exception)]  # fmt: skip
-        else:
-            ok = batch
+        ok = [r for r, res in zip(batch, results, strict=True)
+              if not isinstance(res, Exception)] if failed else batch  # fmt: skip
         self.stats.record_batch(ok, failed, timing)
-        deliver = self.deliver
         for request, result in zip(batch, results, strict=True):
             request.timing = timing
-            if failed and isinstance(result, Exception):
-                deliver(request, None, result)
+            if isinstance(result, Exception):
+                self.deliver(request, None, result)
             else:
-                deliver(request, result, None)
+                self.deliver(request, result, None)
