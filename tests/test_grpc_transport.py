@@ -174,6 +174,32 @@ def test_repeated_calls_in_one_write_and_dribbled_byte_by_byte(worker):
         peer.close()
 
 
+def test_calls_in_perf_analyzers_frame_order_are_answered_in_three_frames(worker):
+    """grpc-c++ sends HEADERS, the stream's WINDOW_UPDATE, the whole message in one DATA that
+    ends the stream, then the connection's WINDOW_UPDATE; each answer is HEADERS, one DATA and
+    the OK trailers, and the windows both ways stay counted (the connection's 65,535 bytes last
+    ~700 answers of add_sub without the client's updates)."""
+    peer = Peer(worker.grpc)
+    try:
+        for i, stream in enumerate(range(1, 1001 * 2, 2)):
+            message = add_sub_message(float(i % 7), 0.25)
+            peer.send(frame(HEADERS, END_HEADERS, stream, peer.request_headers()),
+                      frame(WINDOW_UPDATE, 0, stream, struct.pack(">I", 5)),
+                      frame(DATA, END_STREAM, stream, message),
+                      frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 200)))  # fmt: skip
+            frames = [f for f in peer.until(ends(stream)) if f[2] == stream]
+            assert [(f[0], f[1]) for f in frames] == [
+                (HEADERS, END_HEADERS), (DATA, 0), (HEADERS, END_HEADERS | END_STREAM),
+            ], f"call {i}"  # fmt: skip
+            assert frames[0][3][b":status"] == b"200"
+            assert frames[0][3][b"content-type"] == b"application/grpc"
+            response, trailers = answer(frames, stream)
+            assert trailers == {b"grpc-status": b"0"}
+            check_add_sub(response, float(i % 7), 0.25)
+    finally:
+        peer.close()
+
+
 def stream_answers(frames: list, stream: int) -> list[pb.ModelStreamInferResponse]:
     data = b"".join(f[3] for f in frames if f[0] == DATA and f[2] == stream)
     out = []

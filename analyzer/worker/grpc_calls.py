@@ -10,6 +10,7 @@ stream is closed, its deadline timer and its RPC slot freed.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 
 import grpc
@@ -52,6 +53,10 @@ UNARY_METHODS = {
 _STATUS_200 = b"\x88"  # static table entry 8, ':status: 200'
 _RESPONSE_HEADERS = _STATUS_200 + _literal(b"content-type", b"application/grpc")
 _OK_TRAILERS = _literal(b"grpc-status", b"0")
+# an answer's HEADERS frame and its DATA frame's header and message prefix, packed at once
+_HEADERS_LENGTH = len(_RESPONSE_HEADERS)
+_ANSWER_HEAD = struct.Struct(f">xHBBI{_HEADERS_LENGTH}sBHBBIxI")
+_OK_TRAILERS_FRAME = _FRAME.pack(0, len(_OK_TRAILERS), HEADERS, END_HEADERS | END_STREAM, 0)[:5]
 
 
 def _status_block(code: int, message: str) -> bytes:
@@ -175,7 +180,23 @@ class CallHandling(ConnectionState):
             why = f"model '{answer[0].name}' returned outputs that cannot be sent: {err}"
             self._refuse(stream, grpc.StatusCode.INTERNAL, why)
             return
-        self._answer(stream, parts)
+        size = sum(map(len, parts))
+        n = size + 5
+        if stream.headers_sent or stream.out or self.table_update or not stream.remote_done or (
+            n > stream.send_window or n > self.send_window or n > self.peer_max_frame
+        ):
+            self._answer(stream, parts)  # the general path: flow control, table updates, RST
+            return
+        # the usual answer in one go: HEADERS, one DATA frame, the OK trailers; then closed
+        sid = stream.id
+        stream.send_window -= n
+        self.send_window -= n
+        stream.headers_sent = stream.answered = True
+        self._emit(_ANSWER_HEAD.pack(_HEADERS_LENGTH, HEADERS, END_HEADERS, sid, _RESPONSE_HEADERS,
+                                     n >> 16, n & 0xFFFF, DATA, 0, sid, size))  # fmt: skip
+        self.out += parts
+        self.out.append(_OK_TRAILERS_FRAME + _U32.pack(sid) + _OK_TRAILERS)
+        self._close(stream)
 
     async def _stream(self, stream: Stream) -> None:
         """ModelStreamInfer: InferenceService's generator fed from the stream's inbox."""

@@ -133,7 +133,8 @@ class FrameHandling(RequestReading):
             if not increment or stream.send_window > MAX_WINDOW:
                 self._reset(stream, PROTOCOL_ERROR if not increment else FLOW_CONTROL_ERROR)
                 return
-        self._unblock()
+        if self.blocked:  # a client's update per call and per answer: most find nothing waiting
+            self._unblock()
 
     def go_away(self, code: int, why: str = "") -> None:
         if self.closing:

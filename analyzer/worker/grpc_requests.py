@@ -54,6 +54,9 @@ class RequestReading(CallHandling):
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if not stream_id or not stream_id & 1:
             raise ConnectionFault(PROTOCOL_ERROR, "HEADERS on a stream the client cannot open")
+        if flags == END_HEADERS and len(payload) <= self.limits.max_header_bytes:
+            self._header_block(stream_id, bytes(payload), False)  # a call's usual opening
+            return
         start, end = 0, len(payload)
         if flags & PADDED:
             if not end:
@@ -74,9 +77,6 @@ class RequestReading(CallHandling):
 
     def _decode(self, block: bytes) -> tuple:
         """The request head a header block carries (see _head), decoded by the HPACK table."""
-        head = self.blocks.get(block)
-        if head is not None:
-            return head
         table = self.decoder.header_table
         if len(block) <= 64 and all(0x80 < b < 0xFF for b in block):  # indexed fields only
             try:
@@ -94,7 +94,8 @@ class RequestReading(CallHandling):
         return _head(headers)
 
     def _header_block(self, stream_id: int, block: bytes, end_stream: bool) -> None:
-        method, post, content, timeout, encoding, metadata = self._decode(block)  # always
+        head = self.blocks.get(block) or self._decode(block)  # always: HPACK's table may change
+        method, post, content, timeout, encoding, metadata = head
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
             if not end_stream or stream.remote_done:
@@ -166,6 +167,10 @@ class RequestReading(CallHandling):
             self._emit(_frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unreturned)))
             self.recv_unreturned = 0
         stream = self.streams.get(stream_id)
+        if flags == END_STREAM and stream is not None and stream.method == INFER_METHOD and (
+            self._whole_infer(stream, payload, n)
+        ):
+            return
         if stream is None:
             if not stream_id or stream_id > self.last_stream:
                 raise ConnectionFault(PROTOCOL_ERROR, "DATA on a stream never opened")
@@ -196,6 +201,21 @@ class RequestReading(CallHandling):
                 self._take(stream, payload[start:end])
         if flags & END_STREAM:
             self._remote_end(stream)
+
+    def _whole_infer(self, stream: Stream, payload: memoryview, n: int) -> bool:
+        """ModelInfer's usual request, one unpadded DATA frame holding the whole uncompressed
+        message and ending the stream, submitted at once; False (nothing done) for any other."""
+        if stream.remote_done or stream.answered or stream.buf or stream.message is not None or (
+            n < 5 or payload[0] or n > stream.window or stream.task is not None
+        ):
+            return False
+        size = _U32.unpack_from(payload, 1)[0]
+        if size != n - 5 or size > self.limits.grpc_max_message_bytes:
+            return False
+        stream.remote_done = True  # the window is not given back: the stream sends no more
+        stream.window -= n
+        self._infer(stream, bytes(payload[5:]))
+        return True
 
     def _take(self, stream: Stream, chunk: memoryview) -> None:
         buf = stream.buf
