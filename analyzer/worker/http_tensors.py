@@ -33,6 +33,7 @@ from analyzer.worker.params import (
     sequence_param,
     show_value,
 )
+from analyzer.worker.request import batch_signature
 from analyzer.worker.shm import SharedMemoryRegistry, region_params
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -184,7 +185,7 @@ def _make_plan(header: dict, keep: bool) -> _Plan:
         flags=sequence_flags(params),
         heads={} if keep else None,
         checked={} if keep else None,
-        signature=tuple((p.name, p.shape[1:]) for p in inputs),
+        signature=batch_signature((p.name, p.shape) for p in inputs),
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +48,13 @@ class InferRequest:
         self.cancelled = True
 
     def batch_signature(self) -> tuple:
-        """Requests batch together only when every non-batch dimension agrees."""
-        return tuple((name, arr.shape[1:]) for name, arr in self.inputs.items())
+        return batch_signature((name, arr.shape) for name, arr in self.inputs.items())
+
+
+def batch_signature(shapes: Iterable[tuple[str, tuple[int, ...]]]) -> tuple:
+    """Requests batch together only when every non-batch dimension agrees: (name, shape[1:])
+    per input, in order. A protocol that knows its requests' shapes ahead gives this itself."""
+    return tuple((name, shape[1:]) for name, shape in shapes)
 
 
 @dataclass(slots=True)
