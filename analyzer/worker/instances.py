@@ -21,6 +21,9 @@ from analyzer.worker.stats import ModelStats
 from analyzer.worker.warmup import WarmupSample
 
 log = logging.getLogger(__name__)
+# after a failure to form a batch (a bug): the pause before the next try, so a lasting fault
+# logs a few lines a second instead of spinning a core
+_RETRY_S = 0.2
 _yield = getattr(os, "sched_yield", lambda: None)  # POSIX; elsewhere the scheduler decides
 
 
@@ -82,7 +85,13 @@ class InstanceRunner:
         if self.warmup_error is not None:
             return
         while True:
-            batch = self.scheduler.next_batch()
+            try:
+                batch = self.scheduler.next_batch()
+            except Exception:  # noqa: BLE001 - a bug: this thread must live on, or the queue hangs
+                log.exception("model '%s' instance %s: forming a batch failed; trying again",
+                              self.stats.name, self.spec.name)  # fmt: skip
+                time.sleep(_RETRY_S)
+                continue
             if batch is None:
                 return
             with self._batch_lock:
@@ -167,12 +176,17 @@ class InstanceRunner:
             if self._abandoned is not None:  # unload answered this batch already
                 return
             self._batch = None
-        if self.trace_enabled:
-            self.trace.append((timing.compute_start_ns, end, sum(r.batch_size for r in batch)))
-        failed = [r for r, res in zip(batch, results, strict=True) if isinstance(res, Exception)]
-        ok = [r for r, res in zip(batch, results, strict=True)
-              if not isinstance(res, Exception)] if failed else batch  # fmt: skip
-        self.stats.record_batch(ok, failed, timing)
+        try:  # bookkeeping: a bug here must not leave the batch unanswered
+            if self.trace_enabled:
+                self.trace.append((timing.compute_start_ns, end, sum(r.batch_size for r in batch)))
+            failed = [r for r, res in zip(batch, results, strict=True)
+                      if isinstance(res, Exception)]  # fmt: skip
+            ok = [r for r, res in zip(batch, results, strict=True)
+                  if not isinstance(res, Exception)] if failed else batch  # fmt: skip
+            self.stats.record_batch(ok, failed, timing)
+        except Exception:  # noqa: BLE001
+            log.exception("model '%s' instance %s: recording a batch's statistics failed",
+                          self.stats.name, self.spec.name)  # fmt: skip
         for request, result in zip(batch, results, strict=True):
             request.timing = timing
             if isinstance(result, Exception):

@@ -118,7 +118,10 @@ class ModelVersion:
 
     def _deliver(self, request: InferRequest, outputs, error) -> None:
         if self._order is None:
-            request.on_done(outputs, error)
+            try:
+                request.on_done(outputs, error)
+            except Exception:  # noqa: BLE001 - see _answer_failed
+                _answer_failed(request)
         else:
             self._order.done(request, outputs, error)
 
@@ -291,4 +294,15 @@ class _OrderedDelivery:
                 out.append(self._ready.pop(self._send_seq))
                 self._send_seq += 1
         for req, outs, err in out:
-            req.on_done(outs, err)
+            try:
+                req.on_done(outs, err)
+            except Exception:  # noqa: BLE001 - see _answer_failed
+                _answer_failed(req)
+
+
+def _answer_failed(request: InferRequest) -> None:
+    """A request's answer could not be handed to its protocol (its loop closed at shutdown, or
+    a bug there). Logged, and the caller -- a model thread with the rest of a batch to answer,
+    or the ordered queue with later responses -- goes on: one lost answer must not lose more."""
+    log.exception("model '%s': handing the answer of request '%s' to its client failed",
+                  request.model_name, request.id)  # fmt: skip
