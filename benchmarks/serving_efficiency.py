@@ -143,15 +143,39 @@ class Offline:
         self.proc.wait(10)
 
 
-def stats(address: str, model: str) -> tuple[int, int, int]:
+def stats(address: str, model: str) -> tuple[int, int, int, dict[int, int]]:
+    """Inferences, executions, compute_infer ns, and executions by batch size."""
     with urllib.request.urlopen(f"http://{address}/v2/models/{model}/stats") as r:
         s = json.load(r)["model_stats"][0]
     infer_ns = s["inference_stats"]["compute_infer"]["ns"]
-    return s["inference_count"], s["execution_count"], infer_ns
+    sizes = {b["batch_size"]: int(b["compute_infer"]["count"]) for b in s["batch_stats"]}
+    return s["inference_count"], s["execution_count"], infer_ns, sizes
 
 
-def served(worker, setting: Setting, window_ms: int, out: Path) -> tuple[float, float, float]:
-    """perf_analyzer's throughput, the average executed batch, and the instance busy fraction."""
+def batch_spread(before: dict[int, int], after: dict[int, int]) -> tuple[int, int]:
+    """The 10th and 90th percentiles of the executed batch sizes, weighted by samples: a mean
+    batch of 8 can be every batch at 8 (a preferred size) or a spread from 2 to 14 (no delay)."""
+    samples = sorted((b, (after[b] - before.get(b, 0)) * b) for b in after)
+    total = sum(n for _, n in samples)
+    if not total:
+        return 0, 0
+    cuts, seen = [], 0
+    for size, n in samples:
+        seen += n
+        while len(cuts) < 2 and seen >= total * (0.1, 0.9)[len(cuts)]:
+            cuts.append(size)
+    return cuts[0], cuts[1]
+
+
+def batch_text(executed: float, spread_: tuple[int, int]) -> str:
+    low, high = spread_
+    return f"batch {executed:.1f}" + (f", p10-p90 {low}-{high}" if low != high else "")
+
+
+def served(worker, setting: Setting, window_ms: int, out: Path,
+           spreads: list[tuple[int, int]] | None = None) -> tuple[float, float, float]:  # fmt: skip
+    """perf_analyzer's throughput, the average executed batch, and the instance busy fraction;
+    the executed batches' p10-p90 is appended to `spreads` when given."""
     model = f"tiny_cnn_{setting.name}"
     address = worker.http
     before = stats(address, model)
@@ -166,6 +190,8 @@ def served(worker, setting: Setting, window_ms: int, out: Path) -> tuple[float, 
     with out.open() as f:
         row = next(csv.DictReader(f))
     after = stats(address, model)
+    if spreads is not None:
+        spreads.append(batch_spread(before[3], after[3]))
     executions = max(after[1] - before[1], 1)
     executed = (after[0] - before[0]) / executions
     throughput = float(row["Inferences/Second"])
@@ -188,6 +214,7 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
     offline = Offline()
     runs = [("A", a), ("B", b), ("A-again", a)]
     got: dict[str, list[tuple[float, float]]] = {n: [] for n, _ in runs}
+    spreads: dict[str, list[tuple[int, int]]] = {n: [] for n, _ in runs}
     eff: dict[str, list[float]] = {n: [] for n, _ in runs}
     try:
         for s in (a, b):
@@ -195,14 +222,16 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
         for i in range(args.pairs):
             order = runs[i % 3:] + runs[: i % 3]
             for n, s in order:
-                throughput, executed, _ = served(worker, s, args.window_ms, tmp / "p.csv")
+                throughput, executed, _ = served(worker, s, args.window_ms, tmp / "p.csv",
+                                                 spreads[n])  # fmt: skip
                 got[n].append((throughput, executed))
             for n, _ in runs:  # the offline limit of this round, at each run's executed batch
                 throughput, executed = got[n][-1]
                 limit = offline.measure(max(1, round(executed)), args.window_ms / 1000 * 2)
                 eff[n].append(throughput / limit)
             print(f"round {i + 1}: " + ", ".join(
-                f"{n} {got[n][-1][0]:.0f} infer/s (batch {got[n][-1][1]:.1f}, served/offline "
+                f"{n} {got[n][-1][0]:.0f} infer/s ({batch_text(got[n][-1][1], spreads[n][-1])}, "
+                f"served/offline "
                 f"{eff[n][-1]:.3f})" for n, _ in runs), flush=True)  # fmt: skip
     finally:
         offline.close()
@@ -212,7 +241,10 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
     print(f"{a.name} / {b.name}: {spread(ab)}; A/A {a.name}-again / {a.name}: {spread(aa)}")
     for n, s in runs[:2]:
         batch = statistics.median(x[1] for x in got[n])
-        print(f"{s.name}: served/offline at its executed batch ({batch:.1f}) {spread(eff[n])}; "
+        low = min(x[0] for x in spreads[n])
+        high = max(x[1] for x in spreads[n])
+        print(f"{s.name}: served/offline at its executed batch ({batch_text(batch, (low, high))}) "
+              f"{spread(eff[n])}; "
               f"infer/s median {statistics.median(x[0] for x in got[n]):.0f}")
     return 0
 
@@ -293,17 +325,20 @@ def main() -> int:
             batch = max(1, round(warm_batch))  # offline runs the batch the worker executes
             offline.measure(batch, 2.0)
             ratios, busy, detail = [], [], []
+            spreads: list[tuple[int, int]] = []
             for i in range(args.pairs):
                 # A B, then B A: drift of the machine's speed cancels out in the median
                 if i % 2:
                     limit = offline.measure(batch, args.window_ms / 1000 * 3)
-                    throughput, executed, b = served(worker, s, args.window_ms, tmp / "p.csv")
+                    throughput, executed, b = served(worker, s, args.window_ms, tmp / "p.csv",
+                                                     spreads)  # fmt: skip
                 else:
-                    throughput, executed, b = served(worker, s, args.window_ms, tmp / "p.csv")
+                    throughput, executed, b = served(worker, s, args.window_ms, tmp / "p.csv",
+                                                     spreads)  # fmt: skip
                     limit = offline.measure(batch, args.window_ms / 1000 * 3)
                 ratios.append(throughput / limit)
                 busy.append(b)
-                detail.append(f"{throughput:.0f}/{limit:.0f} (batch {executed:.1f})")
+                detail.append(f"{throughput:.0f}/{limit:.0f} ({batch_text(executed, spreads[-1])})")
             results[s.name] = (statistics.median(ratios), min(ratios), max(ratios))
             print(f"{s.name:>12}: served/offline median {results[s.name][0]:.3f} "
                   f"(min {min(ratios):.3f}, max {max(ratios):.3f}); instance busy fraction "
