@@ -27,16 +27,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from analyzer.config.model_config import ModelConfig
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.request import InferRequest
+from analyzer.worker.request import InferRequest, Outputs
 from analyzer.worker.stats import ModelStats
 
 _REJECT = 0  # ModelQueuePolicy.TimeoutAction.REJECT
 
-Deliver = Callable[[InferRequest, dict | None, Exception | None], None]
+Deliver = Callable[[InferRequest, Outputs | None, Exception | None], None]
 
 
 class Scheduler:
@@ -157,7 +157,7 @@ class Scheduler:
     def _has_timeouts(self) -> bool:
         return any(r.timeout_us for q in self.queues for r in q)
 
-    def _ordered(self):
+    def _ordered(self) -> Iterator[InferRequest]:
         for q in self.queues:
             yield from q
 
@@ -230,7 +230,7 @@ class Scheduler:
         if not self.reject_on_timeout:
             return
         for q in self.queues:
-            keep = deque()
+            keep: deque[InferRequest] = deque()
             for r in q:
                 if r.timeout_us and now - r.queue_start_ns > r.timeout_us * 1000:
                     self._size -= 1
@@ -245,6 +245,7 @@ class Scheduler:
 _Dropped = tuple[InferRequest, InferError]
 
 
-def _answer_directly(request: InferRequest, outputs, error) -> None:
+def _answer_directly(request: InferRequest, outputs: Outputs | None,
+                     error: Exception | None) -> None:  # fmt: skip
     """Without a model around the scheduler (its own tests) a request is answered at once."""
     request.on_done(outputs, error)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
@@ -15,9 +17,9 @@ from analyzer.worker import devices
 from analyzer.worker.backends.base import Backend, InstanceSpec
 from analyzer.worker.batcher import Scheduler
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.instances import InstanceRunner
+from analyzer.worker.instances import BatchSource, InstanceRunner
 from analyzer.worker.limits import Limits
-from analyzer.worker.request import InferRequest
+from analyzer.worker.request import InferRequest, Outputs
 from analyzer.worker.sequence import SequenceScheduler
 from analyzer.worker.stats import ModelStats
 from analyzer.worker.validate import RequestValidator
@@ -61,7 +63,7 @@ class ModelVersion:
         self.decoupled = self.config.model_transaction_policy.decoupled
 
     def _preserve_ordering(self) -> bool:
-        return self.config.HasField("dynamic_batching") and (
+        return self.config.HasField("dynamic_batching") and bool(
             self.config.dynamic_batching.preserve_ordering
         )
 
@@ -81,7 +83,10 @@ class ModelVersion:
         try:
             for index, spec in enumerate(specs):
                 instance = self.backend.create_instance(self.source, self.version, spec)
-                lane = sequences.lane(index) if sequences is not None else self.scheduler
+                scheduler = self.scheduler  # narrowed below: a lane, or the batcher itself
+                lane: BatchSource = (
+                    scheduler.lane(index) if isinstance(scheduler, SequenceScheduler) else scheduler
+                )
                 runner = InstanceRunner(spec, instance, lane, self.stats, self._deliver,
                                         samples, max(self.config.max_batch_size, 1))  # fmt: skip
                 self.runners.append(runner)
@@ -116,7 +121,8 @@ class ModelVersion:
             self.stats.record_failure(request)
             self._deliver(request, None, err)
 
-    def _deliver(self, request: InferRequest, outputs, error) -> None:
+    def _deliver(self, request: InferRequest, outputs: Outputs | None,
+                 error: Exception | None) -> None:  # fmt: skip
         if self._order is None:
             try:
                 request.on_done(outputs, error)
@@ -154,15 +160,15 @@ class ModelVersion:
         """Requests waiting in the queue (Triton's pending request count)."""
         return self.scheduler.pending
 
-    def metadata(self, versions: list[int]) -> dict:
+    def metadata(self, versions: list[int]) -> dict[str, Any]:
         return model_metadata(self.config, self.name, versions)
 
 
-def model_metadata(config: ModelConfig, name: str, versions: list[int]) -> dict:
+def model_metadata(config: ModelConfig, name: str, versions: list[int]) -> dict[str, Any]:
     """Triton's model metadata: with batching, each shape starts with -1."""
     lead = [-1] if config.max_batch_size > 0 else []
 
-    def tensors(items):
+    def tensors(items: Iterable[Any]) -> list[dict[str, Any]]:
         return [
             {
                 "name": t.name,
@@ -271,19 +277,20 @@ def _thread_budget(config: ModelConfig, cpu_instances: int) -> int:
 class _OrderedDelivery:
     """preserve_ordering: hold responses that finish early until their predecessors finish."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next_seq = 0
         self._send_seq = 0
         self._seq: dict[int, int] = {}
-        self._ready: dict[int, tuple] = {}
+        self._ready: dict[int, tuple[InferRequest, Outputs | None, Exception | None]] = {}
 
     def register(self, request: InferRequest) -> None:
         with self._lock:
             self._seq[id(request)] = self._next_seq
             self._next_seq += 1
 
-    def done(self, request: InferRequest, outputs, error) -> None:
+    def done(self, request: InferRequest, outputs: Outputs | None,
+             error: Exception | None) -> None:  # fmt: skip
         with self._lock:
             seq = self._seq.pop(id(request), None)
             if seq is None:  # answered already; a second answer would break the sequence

@@ -8,6 +8,10 @@ from typing import Any
 
 import numpy as np
 
+# a request's non-batch shapes: (input name, shape[1:]) per input, in order
+Signature = tuple[tuple[str, tuple[int, ...]], ...]
+Outputs = dict[str, np.ndarray]
+
 
 @dataclass(slots=True)
 class InferRequest:
@@ -34,7 +38,7 @@ class InferRequest:
     cancelled: bool = False  # the client went away: drop it instead of running it
     # batch_signature(): given by a protocol that knows it from a repeated layout, else set
     # once by a dynamic batcher's enqueue
-    signature: tuple = ()
+    signature: Signature = ()
     # the execution that answered it, set by the instance runner (an ensemble sums its steps')
     timing: BatchTiming | None = None
     # a decoupled model's responses, each as it is sent: (outputs or None, error, final); set
@@ -47,11 +51,11 @@ class InferRequest:
         """Called from the protocol's loop when the client disconnects or cancels the call."""
         self.cancelled = True
 
-    def batch_signature(self) -> tuple:
+    def batch_signature(self) -> Signature:
         return batch_signature((name, arr.shape) for name, arr in self.inputs.items())
 
 
-def batch_signature(shapes: Iterable[tuple[str, tuple[int, ...]]]) -> tuple:
+def batch_signature(shapes: Iterable[tuple[str, tuple[int, ...]]]) -> Signature:
     """Requests batch together only when every non-batch dimension agrees: (name, shape[1:])
     per input, in order. A protocol that knows its requests' shapes ahead gives this itself."""
     return tuple((name, shape[1:]) for name, shape in shapes)

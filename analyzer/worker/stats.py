@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from analyzer.worker.request import BatchTiming, InferRequest
 
@@ -112,7 +113,7 @@ class ModelStats:
         with self._lock:
             self.durations["fail"].add(end - request.arrival_ns)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "name": self.name,
