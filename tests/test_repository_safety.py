@@ -19,15 +19,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from gate import gate_model
 from serving import EXAMPLES, start_worker
 from tritonclient.utils import InferenceServerException
 
 from analyzer.config.model_config import parse_model_config
-from analyzer.repository.repository import ModelSource
 from analyzer.worker import model as model_module
-from analyzer.worker.backends.base import Backend, BackendInstance
 from analyzer.worker.batcher import Scheduler
-from analyzer.worker.model import ModelVersion
 from analyzer.worker.request import InferRequest
 from analyzer.worker.stats import ModelStats
 
@@ -517,45 +515,10 @@ def test_all_cancelled_queue_waits_for_a_live_request():
     assert len(answers) == 1 and "cancelled" in str(answers[0])
 
 
-class _GateInstance(BackendInstance):
-    """A real instance whose execute waits for the test, like a model stuck in `execute`."""
-
-    def __init__(self, gate: threading.Event, started: threading.Event):
-        self.gate, self.started = gate, started
-
-    def execute(self, requests, timing):
-        self.started.set()
-        self.gate.wait(WAIT_S)
-        return [dict(r.inputs) for r in requests]
-
-
-class _GateBackend(Backend):
-    name = "gate"
-
-    def __init__(self):
-        self.gate, self.started = threading.Event(), threading.Event()
-
-    def create_instance(self, source, version, spec):
-        return _GateInstance(self.gate, self.started)
-
-
-def _gate_model(tmp_path: Path, extra: str = "") -> tuple[ModelVersion, _GateBackend]:
-    config = parse_model_config(
-        'name: "m"\nmax_batch_size: 8\ninput [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]\n'
-        'output [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]\n'
-        f"instance_group [ {{ count: 1 kind: KIND_CPU }} ]\n{extra}"
-    )
-    backend = _GateBackend()
-    source = ModelSource(name="m", path=tmp_path, config=config, backend="gate", versions=[1])
-    version = ModelVersion(source, 1, backend)
-    version.load()
-    return version, backend
-
-
 @pytest.mark.parametrize("extra", ["", "dynamic_batching { preserve_ordering: true }"])
 def test_unload_answers_a_batch_stuck_past_the_join_timeout(tmp_path, monkeypatch, extra):
     monkeypatch.setattr(model_module, "UNLOAD_JOIN_TIMEOUT_S", 0.2)
-    version, backend = _gate_model(tmp_path, extra)
+    version, backend = gate_model(tmp_path, extra)
     answers: list[tuple[str, object]] = []
     lock = threading.Lock()
 
@@ -584,7 +547,7 @@ def test_unload_answers_a_batch_stuck_past_the_join_timeout(tmp_path, monkeypatc
 
 
 def test_enqueue_failure_keeps_ordered_delivery_moving(tmp_path):
-    version, backend = _gate_model(
+    version, backend = gate_model(
         tmp_path, "dynamic_batching { preserve_ordering: true "
         "default_queue_policy { max_queue_size: 1 } }"
     )  # fmt: skip

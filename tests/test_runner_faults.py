@@ -10,54 +10,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from gate import WAIT_S, gate_model
 
-from analyzer.config.model_config import parse_model_config
-from analyzer.repository.repository import ModelSource
 from analyzer.worker import instances as instances_module
-from analyzer.worker.backends.base import Backend, BackendInstance
-from analyzer.worker.model import ModelVersion
 from analyzer.worker.request import InferRequest
-
-WAIT_S = 60  # generous bound for "it eventually happens" on a shared 2-core machine
-
-
-class _Gated(BackendInstance):
-    """Echoes X; the first batch waits for `gate`, so the test can queue a batch behind it."""
-
-    def __init__(self, gate: threading.Event, started: threading.Event):
-        self.gate, self.started = gate, started
-
-    def execute(self, requests, timing):
-        self.started.set()
-        self.gate.wait(WAIT_S)
-        return [dict(r.inputs) for r in requests]
-
-
-class _Backend(Backend):
-    name = "echo"
-
-    def __init__(self):
-        self.gate, self.started = threading.Event(), threading.Event()
-
-    def create_instance(self, source, version, spec):
-        return _Gated(self.gate, self.started)
-
-
-def _model(tmp_path: Path, extra: str = "") -> tuple[ModelVersion, _Backend]:
-    config = parse_model_config(
-        'name: "m"\nmax_batch_size: 8\ninput [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]\n'
-        'output [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]\n'
-        f"instance_group [ {{ count: 1 kind: KIND_CPU }} ]\ndynamic_batching {{ {extra} }}\n"
-    )
-    backend = _Backend()
-    source = ModelSource(name="m", path=tmp_path, config=config, backend="echo", versions=[1])
-    version = ModelVersion(source, 1, backend)
-    version.load()
-    return version, backend
 
 
 class _Answers:
@@ -88,7 +47,7 @@ class _Answers:
 
 @pytest.mark.parametrize("extra", ["", "preserve_ordering: true"])
 def test_an_answer_that_cannot_be_handed_over_loses_no_other(tmp_path, caplog, extra):
-    version, backend = _model(tmp_path, extra)
+    version, backend = gate_model(tmp_path, f"dynamic_batching {{ {extra} }}")
     answers = _Answers(broken={2.0})
     try:
         version.submit(answers.request(0.0))  # runs alone; the next four queue behind it
@@ -108,7 +67,7 @@ def test_an_answer_that_cannot_be_handed_over_loses_no_other(tmp_path, caplog, e
 
 
 def test_a_fault_in_the_statistics_still_answers_the_batch(tmp_path, caplog, monkeypatch):
-    version, backend = _model(tmp_path)
+    version, backend = gate_model(tmp_path, "dynamic_batching { }")
     answers = _Answers()
     calls = []
 
@@ -132,7 +91,7 @@ def test_a_fault_in_the_statistics_still_answers_the_batch(tmp_path, caplog, mon
 
 def test_a_fault_forming_a_batch_is_retried_not_fatal(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(instances_module, "_RETRY_S", 0.01)
-    version, backend = _model(tmp_path)
+    version, backend = gate_model(tmp_path, "dynamic_batching { }")
     backend.gate.set()
     answers = _Answers()
     scheduler = version.scheduler
