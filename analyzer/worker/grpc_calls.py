@@ -309,6 +309,10 @@ class CallHandling(ConnectionState):
     def _close(self, stream: Stream) -> None:
         if self.streams.pop(stream.id, None) is None:
             return
+        if stream.task is not None or stream.inbox is not None or stream.cancel is not None:
+            # answered before its work ended (e.g. a stream refused mid-way for a message over
+            # the cap): what it still runs is withdrawn, or its tasks would wait forever
+            self._abandon(stream)
         self._unbuffer(stream)
         self.blocked.discard(stream)
         self._release(stream)
@@ -334,12 +338,14 @@ class CallHandling(ConnectionState):
             self.server.active -= 1
 
     def _abandon(self, stream: Stream) -> None:
-        """The client left or the deadline passed: withdraw queued work."""
+        """The client left, the deadline passed or the call was closed early: withdraw its work
+        (its queued request, its task unless that is what is running, a stream's inbox)."""
         cancel, stream.cancel = stream.cancel, None
         if cancel is not None:
             cancel()
-        if stream.task is not None and not stream.task.done():
-            stream.task.cancel()
+        task = stream.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
         if stream.inbox is not None:
             stream.inbox.end()
 
