@@ -2,16 +2,17 @@
 
 `test_fuzz.py` mutates the requests a real gRPC client frames; this one mutates the frames. Valid
 conversations (perf_analyzer's frame order, CONTINUATION and padding, two calls in one write, a
-streaming call, unary calls, PING, SETTINGS, RST_STREAM) are broken at the byte, field and frame
-level -- lengths, types, flags, stream ids, window increments, SETTINGS values, HPACK blocks,
-gRPC length prefixes, truncation, duplication, reordering -- and sent on fresh connections.
+streaming call, an ensemble over a stream and a BLS model, unary calls, PING, SETTINGS,
+RST_STREAM) are broken at the byte, field and frame level -- lengths, types, flags, stream ids,
+window increments, SETTINGS values, HPACK blocks, gRPC length prefixes, truncation, duplication,
+reordering -- and sent on fresh connections.
 
 The oracle, per connection: after the mutated bytes and a PING, the worker either answers the PING
 or ends the connection, and never with GOAWAY INTERNAL_ERROR (the transport's "a bug" path). Over
 the run: no traceback or ERROR line in the worker's output (asyncio logs a task collected while
-still pending as one), and a valid call still answered between batches.
-A truncated frame may rightly leave its connection waiting for the rest; those are counted, and
-bounded. The mutator is a seeded random.Random, so a failure names the case that reproduces it.
+still pending as one), and a valid call still answered between batches. A truncated frame may
+rightly leave its connection waiting for the rest; those are counted, and bounded. The mutator
+is a seeded random.Random, so a failure names the case that reproduces it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ def add_sub(rng: random.Random) -> bytes:
     return grpc_message(request.SerializeToString())
 
 
+def image(rng: random.Random, model: str) -> bytes:
+    """A classifier request: the ensemble (`classifier`) or the BLS model (`classifier_bls`)."""
+    request = pb.ModelInferRequest(model_name=model, id=f"i{rng.randrange(1000)}")
+    request.inputs.add(name="IMAGE", datatype="UINT8", shape=[1, 32, 32, 3])
+    request.raw_input_contents.append(rng.randbytes(3072))
+    return grpc_message(request.SerializeToString())
+
+
 def head(encoder: Encoder, method: str, extra: tuple = ()) -> bytes:
     return encoder.encode([
         (":method", "POST"), (":scheme", "http"),
@@ -67,7 +76,13 @@ def conversation(rng: random.Random) -> list[bytes]:
     """A valid conversation after the preface, as a list of frames."""
     encoder = Encoder()
     settings = frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 1 << 20))
-    kind = rng.randrange(6)
+    kind = rng.randrange(7)
+    if kind == 6:  # an ensemble over a stream, then a python model calling another (BLS)
+        return [settings, frame(HEADERS, END_HEADERS, 1, head(encoder, "ModelStreamInfer")),
+                frame(DATA, 0, 1, image(rng, "classifier")),
+                frame(DATA, END_STREAM, 1, image(rng, "classifier")),
+                frame(HEADERS, END_HEADERS, 3, head(encoder, "ModelInfer")),
+                frame(DATA, END_STREAM, 3, image(rng, "classifier_bls"))]  # fmt: skip
     if kind == 0:  # perf_analyzer's order: HEADERS, stream WINDOW_UPDATE, DATA, connection one
         return [settings, frame(HEADERS, END_HEADERS, 1, head(encoder, "ModelInfer")),
                 frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 1 << 16)),
