@@ -218,12 +218,14 @@ async def _case(port: int, data: bytes) -> str:
             pass
 
 
-async def _valid_call(port: int) -> bool:
-    """A well-formed ModelInfer on a fresh connection is answered with grpc-status 0."""
+async def _status_of_a_valid_call(port: int) -> bytes | None:
+    """The grpc-status of a well-formed ModelInfer on a fresh connection, its message in two
+    DATA frames (so it is held as a half-received message first)."""
     rng = random.Random(0)
     encoder, decoder = Encoder(), Decoder()
+    message = add_sub(rng)
     data = frame(HEADERS, END_HEADERS, 1, head(encoder, "ModelInfer")) + \
-        frame(DATA, END_STREAM, 1, add_sub(rng))  # fmt: skip
+        frame(DATA, 0, 1, message[:10]) + frame(DATA, END_STREAM, 1, message[10:])  # fmt: skip
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(PREFACE + frame(SETTINGS, 0, 0) + data)
@@ -233,21 +235,36 @@ async def _valid_call(port: int) -> bool:
                 n = int.from_bytes(buf[:3], "big")
                 kind, flags, stream, payload = buf[3], buf[4], buf[5:9], buf[9 : 9 + n]
                 buf = buf[9 + n :]
+                if kind == HEADERS and stream == b"\x00\x00\x00\x01" and flags & END_STREAM:
+                    return dict(decoder.decode(payload, raw=True)).get(b"grpc-status")
                 if kind == HEADERS and stream == b"\x00\x00\x00\x01":
-                    fields = dict(decoder.decode(payload, raw=True))
-                    if flags & END_STREAM:
-                        return fields.get(b"grpc-status") == b"0"
+                    decoder.decode(payload, raw=True)  # the response headers: keep HPACK in step
             chunk = await asyncio.wait_for(reader.read(65536), 30)
             if not chunk:
-                return False
+                return None
             buf += chunk
     finally:
         writer.close()
 
 
+async def _valid_call(port: int) -> bool:
+    """A well-formed call is answered OK once the fuzz's connections are gone. The worker's
+    caps are small here (see `fuzz_worker`): an RPC slot or a half-received byte count that a
+    fuzzed stream leaked would soon refuse it with RESOURCE_EXHAUSTED for good."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while True:
+        status = await _status_of_a_valid_call(port)
+        if status == b"0" or loop.time() > deadline:
+            return status == b"0"
+        await asyncio.sleep(0.2)  # connections just closed may still hold their slots
+
+
 @pytest.fixture(scope="module")
 def fuzz_worker():
-    served = start_worker(EXAMPLES)
+    # small caps, so that leaked RPC slots or half-received bytes would show (_valid_call)
+    served = start_worker(EXAMPLES, "--grpc-max-concurrent-rpcs=64",
+                          "--http-max-buffered-size=65536")  # fmt: skip
     yield served
     served.stop()
 
