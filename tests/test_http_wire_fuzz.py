@@ -9,7 +9,8 @@ health check on the same connection (Connection: close), sent on fresh connectio
 
 The oracle: no 500 answer (a malformed request is the client's fault: 4xx; a cap: 503), no
 traceback or ERROR line in the worker's output, and a valid inference still answered 200 on a
-fresh connection between batches. A request whose body never fully arrives may rightly leave
+fresh connection between batches -- at small connection and half-received-body caps, so that a
+leaked slot or byte count fails it. A request whose body never fully arrives may rightly leave
 its connection waiting; those are counted and bounded. The mutator is a seeded random.Random, so
 a failure names the case that reproduces it.
 """
@@ -172,19 +173,40 @@ async def _case(port: int, data: bytes) -> tuple[str, list[int]]:
         writer.close()
 
 
-async def _valid_call(port: int) -> int:
+async def _status_of_a_valid_call(port: int) -> int:
+    """The status of a well-formed inference on a fresh connection, its body sent in two
+    writes (so it is held as a half-received body first)."""
+    data = binary_add_sub(random.Random(0))
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(binary_add_sub(random.Random(0)))
+        writer.write(data[:-20])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(data[-20:])
         head = await asyncio.wait_for(reader.readuntil(b"\r\n"), 30)
         return int(head.split()[1])
     finally:
         writer.close()
 
 
+async def _valid_call(port: int) -> int:
+    """A well-formed inference is answered 200 once the fuzz's connections are gone. The
+    worker's caps are small here (see `fuzz_worker`): a connection slot or a half-received
+    byte count that a fuzzed request leaked would soon refuse it with 503 for good."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while True:
+        status = await _status_of_a_valid_call(port)
+        if status == 200 or loop.time() > deadline:
+            return status
+        await asyncio.sleep(0.2)  # connections just closed may still hold their slots
+
+
 @pytest.fixture(scope="module")
 def fuzz_worker():
-    served = start_worker(EXAMPLES)
+    # small caps, so that leaked connection slots or half-received bytes would show
+    served = start_worker(EXAMPLES, "--http-max-connections=128",
+                          "--http-max-buffered-size=262144")  # fmt: skip
     yield served
     served.stop()
 
