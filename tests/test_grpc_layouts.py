@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
@@ -10,6 +12,7 @@ from analyzer.config.model_config import parse_model_config
 from analyzer.worker.errors import InferError
 from analyzer.worker.grpc import InferenceService
 from analyzer.worker.grpc_layouts import Layouts, raw_start
+from analyzer.worker.grpc_messages import MalformedRequest
 from analyzer.worker.validate import RequestValidator
 
 CONFIG = """
@@ -175,3 +178,71 @@ def test_layouts_are_bounded(service):
     before = dict(service.layouts.layouts)
     service.submit_bytes(message(*values(rng), id=long_id).SerializeToString(), None)
     assert service.layouts.layouts == before
+
+
+def _outcome(service: InferenceService, data: bytes):
+    """What the service makes of `data`: the error's class, or the request it queued and the
+    output names its answer will carry."""
+    try:
+        _, fields, requested, request = service.submit_bytes(data, None)
+    except InferError as err:
+        return ("refused", isinstance(err, MalformedRequest))
+    names = list(requested) if requested is not None else [o.name for o in fields.outputs]
+    inputs = {n: (a.dtype.str, a.shape, a.tobytes()) for n, a in request.inputs.items()}
+    return ("queued", request.model_name, inputs, request.wire_types, request.requested_outputs,
+            request.id, request.parameters, request.priority, request.timeout_us,
+            request.correlation_id, request.flags, request.batch_size, names)  # fmt: skip
+
+
+def test_mutated_messages_mean_on_the_short_path_what_protobuf_parses(service):
+    """A differential fuzz of the kept layouts: 3,000 byte-level mutations of messages whose
+    layouts are kept, each queued by the worker's service and, for reference, by a fresh service
+    that knows no layout (protobuf's parse). Both must refuse it, or queue the same request."""
+    rng = np.random.default_rng(5)
+    mutator = random.Random(5)
+    bases = []
+    for width, request_id, extra in ((3, "", False), (3, "abc", True), (5, "q" * 20, False)):
+        request = message(*values(rng, width=width), id=request_id)
+        if extra:
+            request.parameters["timeout"].int64_param = 5_000_000
+            request.parameters["sequence_id"].uint64_param = 7
+        bases.append(request.SerializeToString())
+    for base in bases:  # learned: from now on these layouts take the short path
+        service.submit_bytes(base, None)
+    assert len(service.layouts.layouts) == len(bases)
+    differ, short = [], 0
+    for case in range(3000):
+        data = bytearray(mutator.choice(bases))
+        start = raw_start(bytes(data))
+        what = mutator.randrange(6)
+        if what == 0:  # new tensor contents, same length: must be read from these bytes
+            i = start
+            while i < len(data):  # each raw field: its tag, a one-byte length, the tensor
+                n = data[i + 1]
+                for j in range(i + 2, i + 2 + n):
+                    if mutator.random() < 0.3:
+                        data[j] = mutator.randrange(256)
+                i += 2 + n
+        elif what == 1:  # bytes flipped anywhere
+            for _ in range(mutator.randrange(1, 4)):
+                data[mutator.randrange(len(data))] = mutator.randrange(256)
+        elif what == 2:  # bytes flipped in the layout's head
+            for _ in range(mutator.randrange(1, 3)):
+                data[mutator.randrange(start)] = mutator.randrange(256)
+        elif what == 3:  # cut short
+            data = data[: mutator.randrange(len(data))]
+        elif what == 4:  # bytes appended: another field, or garbage
+            data += mutator.choice([b"\x1a\x01z", b"\x0a\x01m", b"\x40\x01", mutator.randbytes(5)])
+        else:  # a byte inserted or removed in the head (every length after it shifts)
+            at = mutator.randrange(start)
+            data[at:at] = bytes([mutator.randrange(256)]) if mutator.random() < 0.5 else b""
+            if data == bytearray(mutator.choice(bases)):
+                del data[at]
+        data = bytes(data)
+        short += service.layouts.match(data) is not None
+        expected = _outcome(InferenceService(Manager(), api=None), data)
+        got = _outcome(service, data)
+        if got != expected:
+            differ.append((case, data.hex(), expected[:2], got[:2]))
+    assert not differ, differ[:3]
+    assert short > 600, short  # a quarter of the cases took the short path
