@@ -246,3 +246,51 @@ def test_mutated_messages_mean_on_the_short_path_what_protobuf_parses(service):
             differ.append((case, data.hex(), expected[:2], got[:2]))
     assert not differ, differ[:3]
     assert short > 600, short  # a quarter of the cases took the short path
+
+
+def test_cached_response_heads_answer_as_protobuf_would(service):
+    """A differential fuzz of the response-head cache: 2,000 answers with random output names,
+    types, shapes (empty ones, non-contiguous views), requested subsets and ids, each encoded
+    by `encode_parts` (a head kept per layout, then id and raw bytes appended) and by building
+    the ModelInferResponse in full. Both must parse to the same message, or both refuse."""
+    model = service.manager.model
+    rng = np.random.default_rng(6)
+    mutator = random.Random(6)
+    kinds = [np.float32, np.float16, np.float64, np.int8, np.uint8, np.int32, np.int64,
+             np.uint64, np.bool_]  # fmt: skip
+    layouts = []
+    for _ in range(12):  # a few layouts, so that heads repeat and are reused
+        names = mutator.sample(["Y", "Z", "OUT__0", "scores"], mutator.randrange(1, 4))
+        shapes = {n: tuple(mutator.choice([0, 1, 2, 3, 7]) for _ in range(mutator.randrange(4)))
+                  for n in names}  # fmt: skip
+        dtypes = {n: mutator.choice(kinds) for n in names}
+        layouts.append((names, shapes, dtypes))
+    checked = 0
+    for case in range(2000):
+        names, shapes, dtypes = mutator.choice(layouts)
+        outputs = {}
+        for n in names:
+            array = (rng.standard_normal(shapes[n]) * 50).astype(dtypes[n])
+            if array.ndim >= 2 and mutator.random() < 0.3:
+                array = array.T  # a transposed view: Fortran order, not C
+            outputs[n] = array
+        requested = tuple(mutator.sample(names, mutator.randrange(len(names) + 1)))
+        if mutator.random() < 0.1:
+            requested += ("missing",)  # a requested output the model did not produce
+        request_id = mutator.choice(["", "7", "req-" * mutator.randrange(1, 30), "é✓"])
+        fields = pb.ModelInferRequest(model_name="m", id=request_id)
+        for n in requested:
+            fields.outputs.add(name=n)
+        try:
+            expected = service.encode(model, request_id, outputs, list(requested) or None)
+        except InferError:
+            with pytest.raises(InferError):
+                service.encode_parts(model, fields, outputs, requested or None, request_id)
+            continue
+        parts = service.encode_parts(model, fields, outputs,
+                                     requested if mutator.random() < 0.5 else None,
+                                     request_id)  # fmt: skip
+        got = pb.ModelInferResponse.FromString(b"".join(parts))
+        assert got == expected, (case, got, expected)
+        checked += 1
+    assert checked > 1500 and 0 < len(service._heads) < checked / 4  # heads were reused
