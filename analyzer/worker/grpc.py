@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import json_format
@@ -39,6 +40,9 @@ from analyzer.worker.request import InferRequest
 from analyzer.worker.restrict import Restrictions
 from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry
 from analyzer.worker.validate import check_once
+
+if TYPE_CHECKING:
+    from analyzer.worker.grpc_state import Inbox
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -225,7 +229,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
     # -- inference ------------------------------------------------------------------------------
-    async def ModelStreamInfer(self, request_iterator, context):
+    async def ModelStreamInfer(
+        self, request_iterator: Inbox, context: Any
+    ) -> AsyncIterator[list[bytes]]:
         """Each request gets one response message, an error one included, in completion order
         (grpc_stream.py). `request_iterator` is the stream's Inbox of serialized requests; the
         answers are serialized ModelStreamInferResponses, as parts to join."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -23,7 +24,8 @@ from analyzer.http2 import U32 as _U32
 from analyzer.http2 import frame as _frame
 from analyzer.http2 import literal as _literal
 from analyzer.worker.errors import InferError
-from analyzer.worker.grpc_state import ConnectionState, Stream, wake
+from analyzer.worker.grpc_state import ConnectionState, Metadata, Stream, wake
+from analyzer.worker.request import Outputs
 
 _SERVICE = b"/inference.GRPCInferenceService/"
 INFER_METHOD = _SERVICE + b"ModelInfer"
@@ -78,7 +80,7 @@ def _percent(text: str) -> bytes:
 
 
 def _code(status: grpc.StatusCode) -> int:
-    return status.value[0]
+    return int(status.value[0])
 
 
 class _Abort(Exception):
@@ -90,10 +92,10 @@ class _Abort(Exception):
 class _Context:
     """What InferenceService's coroutines use of a grpc.aio context."""
 
-    def __init__(self, metadata: tuple) -> None:
+    def __init__(self, metadata: Metadata) -> None:
         self._metadata = metadata
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> Metadata:
         return self._metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
@@ -124,7 +126,7 @@ class CallHandling(ConnectionState):
         stream.task = task
         task.add_done_callback(lambda f: self._unary_done(stream, f))
 
-    def _unary_done(self, stream: Stream, future: asyncio.Future) -> None:
+    def _unary_done(self, stream: Stream, future: asyncio.Future[Any]) -> None:
         if future.cancelled():
             return
         err = future.exception()
@@ -147,9 +149,10 @@ class CallHandling(ConnectionState):
             return
         loop = self.loop
         finished = self._infer_done
-        answer: list = []  # (model, request fields, requested outputs, id) once submitted
+        answer: list[Any] = []  # (model, request fields, requested outputs, id) once submitted
 
-        def on_done(outputs, error) -> None:  # on the thread that finished the batch
+        # on the thread that finished the batch
+        def on_done(outputs: Outputs | None, error: Exception | None) -> None:
             loop.call_soon_threadsafe(finished, stream, answer, outputs, error)
 
         try:
@@ -163,7 +166,8 @@ class CallHandling(ConnectionState):
         answer += (model, fields, requested, request.id)
         stream.cancel = request.cancel
 
-    def _infer_done(self, stream: Stream, answer: list, outputs, error) -> None:
+    def _infer_done(self, stream: Stream, answer: list[Any], outputs: Outputs | None,
+                    error: Exception | None) -> None:  # fmt: skip
         if stream.answered or self.streams.get(stream.id) is not stream:
             return
         stream.cancel = None
@@ -172,6 +176,7 @@ class CallHandling(ConnectionState):
             self._refuse(stream, status or grpc.StatusCode.INTERNAL, str(error))
             return
         try:
+            assert outputs is not None  # no error: the model answered
             parts = self.service.encode_parts(answer[0], answer[1], outputs, answer[2], answer[3])
         except InferError as err:
             self._refuse(stream, err.status.grpc, err.message)

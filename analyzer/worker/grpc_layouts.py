@@ -18,12 +18,13 @@ Bounded: at most MAX_LAYOUTS layouts, each of a prefix of at most MAX_PREFIX_BYT
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from analyzer.datatypes import WIRE_TO_NUMPY
-from analyzer.worker.request import InferRequest
+from analyzer.worker.request import InferRequest, OnDone, Signature
 
 _RAW_TAG = 0x3A  # field 7 (raw_input_contents), length-delimited
 _ID_TAG = 0x1A  # field 3 (id), length-delimited
@@ -97,15 +98,15 @@ class Layout:
     wire_types: dict[str, str]
     requested: list[str] | None
     output_names: tuple[str, ...]  # the requested outputs' names, () when none were named
-    params: dict
+    params: dict[str, Any]
     priority: int
     timeout: int
     correlation: int | str
     flags: int
-    checked: dict  # batch size by the model versions' validators that accepted the layout
-    signature: tuple  # the requests' batch_signature(): their shapes are the layout's
+    checked: dict[Any, int]  # batch size by the model versions' validators that accepted the layout
+    signature: Signature  # the requests' batch_signature(): their shapes are the layout's
 
-    def request(self, data: bytes, on_done, arrival_ns: int, base: int,
+    def request(self, data: bytes, on_done: OnDone, arrival_ns: int, base: int,
                 request_id: str) -> InferRequest:  # fmt: skip
         """The InferRequest of a message that `Layouts.match` gave this layout for (with the
         offset of its first raw field and its id)."""

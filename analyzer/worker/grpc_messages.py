@@ -37,7 +37,7 @@ def param_value(param: pb.InferParameter) -> Any:
     return getattr(param, kind) if kind else None
 
 
-def load_params(request: pb.RepositoryModelLoadRequest) -> tuple[str | None, dict]:
+def load_params(request: pb.RepositoryModelLoadRequest) -> tuple[str | None, dict[str, bytes]]:
     """A load's 'config' (a JSON string) and 'file:' contents (bytes), type-checked."""
     config, files = None, {}
     for key, param in request.parameters.items():
@@ -70,15 +70,16 @@ def stream_error(request_id: str, model_name: str, message: str) -> pb.ModelStre
     )
 
 
-def tensor_region(tensor, what: str) -> tuple[str, int, int] | None:
+def tensor_region(tensor: Any, what: str) -> tuple[str, int, int] | None:
     """The shared memory region an input's or requested output's parameters name, if any."""
     if not tensor.parameters:
         return None
     return region_params({k: param_value(v) for k, v in tensor.parameters.items()}, what)
 
 
-def decode_inputs(request: pb.ModelInferRequest,
-                  shm: SharedMemoryRegistry | None = None) -> tuple[dict, dict]:  # fmt: skip
+def decode_inputs(
+    request: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Inputs from raw_input_contents (one per input not in shared memory), the typed contents,
     or a copy of the shared memory region an input's parameters name."""
     if not request.inputs:
@@ -116,7 +117,8 @@ def decode_inputs(request: pb.ModelInferRequest,
     return inputs, wire_types
 
 
-def _from_contents(tensor, wire: str, dtype, shape: tuple[int, ...], count: int) -> np.ndarray:
+def _from_contents(tensor: Any, wire: str, dtype: Any, shape: tuple[int, ...],
+                   count: int) -> np.ndarray:  # fmt: skip
     field = _CONTENTS_FIELD.get(wire)
     if field is None:
         raise ValueError(f"datatype {wire} must be sent in raw_input_contents")
@@ -133,8 +135,9 @@ def _from_contents(tensor, wire: str, dtype, shape: tuple[int, ...], count: int)
         raise ValueError(f"contents do not fit {wire}: {err}") from None
 
 
-def encode_outputs(model, request_id: str, outputs: dict, requested,
-                   regions: dict | None = None,
+def encode_outputs(model: Any, request_id: str, outputs: dict[str, np.ndarray],
+                   requested: list[str] | None,
+                   regions: dict[str, tuple[str, int, int]] | None = None,
                    shm: SharedMemoryRegistry | None = None) -> pb.ModelInferResponse:  # fmt: skip
     """The response; an output with a shared memory region (`regions`, by name) is written there
     and answered with an empty raw content (the others' indexes stay aligned)."""

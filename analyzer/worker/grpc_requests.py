@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Iterable
 
 import grpc
 from hpack.exceptions import HPACKError
@@ -39,6 +40,7 @@ from analyzer.worker.grpc_state import (
     OUR_CONNECTION_WINDOW,
     OUR_STREAM_WINDOW,
     ConnectionFault,
+    Head,
     Inbox,
     Stream,
 )
@@ -75,7 +77,7 @@ class RequestReading(CallHandling):
             self.block, self.block_stream = bytearray(block), stream_id
             self.block_end_stream = bool(flags & END_STREAM)
 
-    def _decode(self, block: bytes) -> tuple:
+    def _decode(self, block: bytes) -> Head:
         """The request head a header block carries (see _head), decoded by the HPACK table."""
         table = self.decoder.header_table
         if len(block) <= 64 and all(0x80 < b < 0xFF for b in block):  # indexed fields only
@@ -246,9 +248,10 @@ class RequestReading(CallHandling):
             del buf[: 5 + size]
             server.buffered -= 5 + size
             if compressed:
-                message = self._inflate(stream, message)
-                if message is None:
+                inflated = self._inflate(stream, message)
+                if inflated is None:
                     return
+                message = inflated
             if stream.inbox is not None:
                 stream.inbox.put(message, 5 + size)
             elif stream.message is None:
@@ -301,12 +304,12 @@ class RequestReading(CallHandling):
             stream.owed = 0
 
 
-def _head(headers: list) -> tuple:
+def _head(headers: Iterable[tuple[bytes, bytes]]) -> Head:
     """(:path, POST?, gRPC content type?, grpc-timeout, grpc-encoding, other metadata)."""
     method = b""
     post = content = False
-    metadata: list = []
-    timeout = None
+    metadata: list[tuple[str, str]] = []
+    timeout: bytes | None = None
     encoding = b"identity"
     for name, value in headers:
         if name[:1] == b":":

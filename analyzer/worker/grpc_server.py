@@ -29,6 +29,7 @@ import asyncio
 import ssl
 import time
 import traceback
+from typing import Any
 
 import grpc
 
@@ -70,13 +71,13 @@ class GrpcServer:
     def __init__(
         self,
         manager: ModelManager,
-        api,
+        api: Any,  # the RestApi: health, shared memory and repository state both protocols share
         host: str,
         port: int,
         limits: Limits | None = None,
         restrictions: Restrictions | None = None,
         tls: ssl.SSLContext | None = None,
-    ):
+    ) -> None:
         self.limits = limits or Limits()
         self.tls = tls  # --grpc-use-ssl: HTTP/2 over TLS (ALPN h2)
         self.service = InferenceService(manager, api, restrictions, self.limits)
@@ -92,7 +93,7 @@ class GrpcServer:
         self.server = await self.loop.create_server(
             lambda: _Connection(self), self.host, self.port, reuse_address=True, ssl=self.tls
         )
-        return self.server.sockets[0].getsockname()[1]
+        return int(self.server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         if self.server is None:
@@ -112,7 +113,7 @@ class _Connection(FrameHandling, asyncio.Protocol):
     back-pressure, timers, the frame reader) over the layers that handle its frames."""
 
     # -- connection lifecycle -------------------------------------------------------------------
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: Any) -> None:
         self.transport = transport
         server = self.server
         if len(server.connections) >= self.limits.max_connections:
@@ -132,7 +133,7 @@ class _Connection(FrameHandling, asyncio.Protocol):
                           _U32.pack(OUR_CONNECTION_WINDOW - DEFAULT_WINDOW)))  # fmt: skip
         self._arm(self.limits.header_timeout_s)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.closing = True
         if self.timer is not None:
@@ -179,9 +180,10 @@ class _Connection(FrameHandling, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        buf = self.buf
-        if buf or not self.preface:
-            buf += data
+        buf: bytes | bytearray
+        if self.buf or not self.preface:
+            self.buf += data
+            buf = self.buf
         else:  # the usual case: whole frames in one read, parsed where they arrived
             buf = data
         try:
@@ -192,7 +194,7 @@ class _Connection(FrameHandling, asyncio.Protocol):
                     return
                 if buf[: len(PREFACE)] != PREFACE:
                     raise ConnectionFault(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                del buf[: len(PREFACE)]
+                del self.buf[: len(PREFACE)]  # `buf` is this buffer until the preface came
                 self.preface = True
                 self.last_active = time.monotonic()
                 self._arm(min(self.limits.header_timeout_s, self.limits.idle_timeout_s) / 3)

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from analyzer.worker.grpc_server import GrpcServer
 
 OUR_MAX_FRAME = 256 * 1024
+Metadata = tuple[tuple[str, str], ...]  # a call's custom headers, as grpc.aio gives them
+# a request's head from its header block: (:path, POST?, gRPC content type?, grpc-timeout,
+# grpc-encoding, the rest as metadata)
+Head = tuple[bytes, bool, bool, bytes | None, bytes, Metadata]
 OUR_STREAM_WINDOW = 8 << 20
 OUR_CONNECTION_WINDOW = 64 << 20
 
@@ -42,7 +46,7 @@ class Inbox:
         self.items: list[tuple[bytes, int]] = []  # (message, bytes it took on the wire)
         self.ended = False
         self.error: str | None = None
-        self.waiter: asyncio.Future | None = None
+        self.waiter: asyncio.Future[None] | None = None
 
     def put(self, message: bytes, wire: int) -> None:
         self.items.append((message, wire))
@@ -86,12 +90,12 @@ class Stream:
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
         self.method = b""
-        self.metadata: tuple = ()
+        self.metadata: Metadata = ()
         self.encoding = b"identity"
         self.buf = bytearray()
         self.message: bytes | None = None  # a unary call's one message
         self.inbox: Inbox | None = None
-        self.task: asyncio.Future | None = None
+        self.task: asyncio.Future[Any] | None = None
         self.cancel: Callable[[], None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.send_window = send_window
@@ -104,7 +108,7 @@ class Stream:
         self.owed = 0  # consumed bytes not yet given back to the client's window
         self.counted = False
         self.started = time.monotonic()
-        self.drained: asyncio.Future | None = None
+        self.drained: asyncio.Future[None] | None = None
 
 
 class ConnectionState(CoalescedWrites):
@@ -115,12 +119,13 @@ class ConnectionState(CoalescedWrites):
         self.server = server
         self.limits = server.limits
         self.service = server.service
-        self.loop = server.loop
+        assert server.loop is not None  # connections arrive once the server runs
+        self.loop: asyncio.AbstractEventLoop = server.loop
         self.transport: Any = None
         self.buf = bytearray()
         self.preface = False
         self.decoder = Decoder(max_header_list_size=self.limits.max_header_bytes)
-        self.blocks: dict[bytes, list] = {}  # all-indexed header blocks while the table holds
+        self.blocks: dict[bytes, Head] = {}  # all-indexed header blocks while the table holds
         self.block: bytearray | None = None  # a header block awaiting CONTINUATION
         self.block_stream = 0
         self.block_end_stream = False
@@ -140,6 +145,6 @@ class ConnectionState(CoalescedWrites):
         self.timer: asyncio.TimerHandle | None = None
 
 
-def wake(future: asyncio.Future | None) -> None:
+def wake(future: asyncio.Future[None] | None) -> None:
     if future is not None and not future.done():
         future.set_result(None)

@@ -11,6 +11,8 @@ import numpy as np
 # a request's non-batch shapes: (input name, shape[1:]) per input, in order
 Signature = tuple[tuple[str, tuple[int, ...]], ...]
 Outputs = dict[str, np.ndarray]
+# the answer's hand-over: (outputs, None) or (None, error), once
+OnDone = Callable[[Outputs | None, Exception | None], None]
 
 
 @dataclass(slots=True)
@@ -25,7 +27,7 @@ class InferRequest:
     inputs: dict[str, np.ndarray]
     wire_types: dict[str, str]
     requested_outputs: list[str] | None
-    on_done: Callable[[dict[str, np.ndarray] | None, Exception | None], None]
+    on_done: OnDone
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 1
