@@ -30,6 +30,7 @@ from tritonclient.grpc import service_pb2 as pb
 from analyzer.worker.errors import InferError
 from analyzer.worker.grpc_layouts import varint
 from analyzer.worker.grpc_messages import MalformedRequest, stream_error
+from analyzer.worker.request import Outputs
 
 if TYPE_CHECKING:
     from analyzer.worker.grpc import InferenceService
@@ -49,19 +50,24 @@ _NOT_FINAL = pb.ModelInferResponse(
 async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterator[list[bytes]]:
     """The serialized ModelStreamInferResponse of each request of `inbox`, as parts to join."""
     loop = asyncio.get_running_loop()
-    done: asyncio.Queue[list[bytes] | None] = asyncio.Queue()
+    # (the response's parts or None, whether it completes its request); None: the reader ended
+    done: asyncio.Queue[tuple[list[bytes] | None, bool] | None] = asyncio.Queue()
     in_flight: dict[int, Any] = {}  # number -> the queued InferRequest, to cancel at the end
     room = asyncio.Semaphore(service.limits.grpc_max_stream_pending)
     reading, pending = True, 0  # the reader is taking messages; requests not yet answered
 
-    def finished(number: int, answer: list, outputs, error) -> None:  # on the loop
+    # on the loop
+    def finished(number: int, answer: list[Any], outputs: Outputs | None,
+                 error: Exception | None) -> None:  # fmt: skip
         in_flight.pop(number, None)
         if answer[4] and error is None:  # decoupled: its responses went out as they came
             done.put_nowait((None, True))
         else:
             done.put_nowait((_response(service, answer, outputs, error), True))
 
-    def streamed(answer: list, outputs, error, final: bool) -> None:  # on the loop
+    # on the loop
+    def streamed(answer: list[Any], outputs: Outputs | None, error: Exception | None,
+                 final: bool) -> None:  # fmt: skip
         parts = _decoupled_response(service, answer, outputs, error, final)
         if parts is not None:
             done.put_nowait((parts, False))
@@ -78,12 +84,16 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
                     break
                 number += 1
                 # (model, fields, requested outputs, id, decoupled) once queued
-                answer: list = []
+                answer: list[Any] = []
 
-                def on_done(outputs, error, number=number, answer=answer) -> None:  # model's thread
+                # on the model's thread
+                def on_done(outputs: Outputs | None, error: Exception | None, number: int = number,
+                            answer: list[Any] = answer) -> None:  # fmt: skip
                     loop.call_soon_threadsafe(finished, number, answer, outputs, error)
 
-                def on_response(outputs, error, final, answer=answer) -> None:  # model's thread
+                # on the model's thread
+                def on_response(outputs: Outputs | None, error: Exception | None, final: bool,
+                                answer: list[Any] = answer) -> None:  # fmt: skip
                     loop.call_soon_threadsafe(streamed, answer, outputs, error, final)
 
                 pending += 1
@@ -125,8 +135,8 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
             request.cancel()
 
 
-def _decoupled_response(service: InferenceService, answer: list, outputs, error,
-                        final: bool) -> list[bytes] | None:  # fmt: skip
+def _decoupled_response(service: InferenceService, answer: list[Any], outputs: Outputs | None,
+                        error: Exception | None, final: bool) -> list[bytes] | None:  # fmt: skip
     """One response of a decoupled model: its outputs with `triton_final_response` saying
     whether it is the last; a final flag sent alone is an empty response only when the client
     asked for one (`triton_enable_empty_final_response`), as Triton does."""
@@ -140,6 +150,7 @@ def _decoupled_response(service: InferenceService, answer: list, outputs, error,
         return [_INFER_RESPONSE + varint(len(empty)), empty]
     if error is None:
         try:
+            assert outputs is not None  # answered without error: outputs, or returned above
             parts = service.encode_parts(model, fields, outputs, requested, request_id)
         except InferError as err:
             error = err
@@ -153,10 +164,12 @@ def _decoupled_response(service: InferenceService, answer: list, outputs, error,
     return [_INFER_RESPONSE + varint(size), *parts]
 
 
-def _response(service: InferenceService, answer: list, outputs, error) -> list[bytes]:
+def _response(service: InferenceService, answer: list[Any], outputs: Outputs | None,
+              error: Exception | None) -> list[bytes]:  # fmt: skip
     model, fields, requested, request_id, _ = answer
     if error is None:
         try:
+            assert outputs is not None  # a request answered without error has outputs
             parts = service.encode_parts(model, fields, outputs, requested, request_id)
         except InferError as err:
             error = err
