@@ -26,10 +26,10 @@ import pytest
 from hpack import Decoder, Encoder
 from serving import EXAMPLES, start_worker
 from tritonclient.grpc import service_pb2 as pb
+from wire_fuzz import faults, in_batches, until
 
 SEED = 20_261_127
 CASES = 2000
-AT_ONCE = 48  # connections in flight together
 WAIT_S = 2.0  # for the PING's answer or the end of the connection
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, \
@@ -251,13 +251,7 @@ async def _valid_call(port: int) -> bool:
     """A well-formed call is answered OK once the fuzz's connections are gone. The worker's
     caps are small here (see `fuzz_worker`): an RPC slot or a half-received byte count that a
     fuzzed stream leaked would soon refuse it with RESOURCE_EXHAUSTED for good."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 15
-    while True:
-        status = await _status_of_a_valid_call(port)
-        if status == b"0" or loop.time() > deadline:
-            return status == b"0"
-        await asyncio.sleep(0.2)  # connections just closed may still hold their slots
+    return await until(lambda: _status_of_a_valid_call(port), lambda s: s == b"0") == b"0"
 
 
 @pytest.fixture(scope="module")
@@ -274,25 +268,13 @@ def test_two_thousand_mutated_conversations_never_reach_the_bug_path(fuzz_worker
     rng = random.Random(SEED)
     cases = [mutate(rng, conversation(rng)) for _ in range(CASES)]
 
-    async def run() -> tuple[dict[str, list[int]], list[bool]]:
-        outcomes: dict[str, list[int]] = {}
-        alive: list[bool] = []
-        for start in range(0, CASES, AT_ONCE * 5):
-            batch = range(start, min(start + AT_ONCE * 5, CASES))
-            gate = asyncio.Semaphore(AT_ONCE)
-
-            async def one(i: int, gate: asyncio.Semaphore = gate) -> None:
-                async with gate:
-                    outcomes.setdefault(await _case(port, cases[i]), []).append(i)
-
-            await asyncio.gather(*(one(i) for i in batch))
-            alive.append(await _valid_call(port))
-        return outcomes, alive
-
-    outcomes, alive = asyncio.run(run())
-    log = "".join(fuzz_worker.output)
-    faults = [line for line in log.splitlines() if "Traceback" in line or " ERROR " in line]
-    assert not faults, log[-4000:]
+    results, alive = asyncio.run(in_batches(cases, lambda data: _case(port, data),
+                                            lambda: _valid_call(port)))  # fmt: skip
+    outcomes: dict[str, list[int]] = {}
+    for i, outcome in enumerate(results):
+        outcomes.setdefault(outcome, []).append(i)
+    bad = faults(fuzz_worker.output)
+    assert not bad, bad[-40:]
     bugs = outcomes.get("internal", [])
     assert not bugs, f"GOAWAY INTERNAL_ERROR for cases {bugs[:10]}"
     assert all(alive), alive

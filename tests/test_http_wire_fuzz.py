@@ -26,10 +26,10 @@ import re
 import numpy as np
 import pytest
 from serving import EXAMPLES, start_worker
+from wire_fuzz import faults, in_batches, until
 
 SEED = 20_261_127
 CASES = 2000
-AT_ONCE = 48
 WAIT_S = 2.0
 HEALTH = b"GET /v2/health/live HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n"
 STATUS = re.compile(rb"(?:^|\n)HTTP/1\.[01] (\d{3}) ")
@@ -193,13 +193,7 @@ async def _valid_call(port: int) -> int:
     """A well-formed inference is answered 200 once the fuzz's connections are gone. The
     worker's caps are small here (see `fuzz_worker`): a connection slot or a half-received
     byte count that a fuzzed request leaked would soon refuse it with 503 for good."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 15
-    while True:
-        status = await _status_of_a_valid_call(port)
-        if status == 200 or loop.time() > deadline:
-            return status
-        await asyncio.sleep(0.2)  # connections just closed may still hold their slots
+    return await until(lambda: _status_of_a_valid_call(port), lambda s: s == 200)
 
 
 @pytest.fixture(scope="module")
@@ -216,28 +210,16 @@ def test_two_thousand_mutated_http_conversations_get_no_server_fault(fuzz_worker
     rng = random.Random(SEED)
     cases = [mutate(rng, conversation(rng)) for _ in range(CASES)]
 
-    async def run() -> tuple[dict[str, int], dict[int, list[int]], list[int]]:
-        outcomes: dict[str, int] = {}
-        statuses: dict[int, list[int]] = {}  # status -> cases
-        alive: list[int] = []
-        for start in range(0, CASES, AT_ONCE * 5):
-            gate = asyncio.Semaphore(AT_ONCE)
-
-            async def one(i: int, gate: asyncio.Semaphore = gate) -> None:
-                async with gate:
-                    outcome, seen = await _case(port, cases[i])
-                outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                for status in seen:
-                    statuses.setdefault(status, []).append(i)
-
-            await asyncio.gather(*(one(i) for i in range(start, min(start + AT_ONCE * 5, CASES))))
-            alive.append(await _valid_call(port))
-        return outcomes, statuses, alive
-
-    outcomes, statuses, alive = asyncio.run(run())
-    log = "".join(fuzz_worker.output)
-    faults = [line for line in log.splitlines() if "Traceback" in line or " ERROR " in line]
-    assert not faults, log[-4000:]
+    results, alive = asyncio.run(in_batches(cases, lambda data: _case(port, data),
+                                            lambda: _valid_call(port)))  # fmt: skip
+    outcomes: dict[str, int] = {}
+    statuses: dict[int, list[int]] = {}  # status -> cases
+    for i, (outcome, seen) in enumerate(results):
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        for status in seen:
+            statuses.setdefault(status, []).append(i)
+    bad = faults(fuzz_worker.output)
+    assert not bad, bad[-40:]
     assert 500 not in statuses, f"500 for cases {statuses[500][:10]}"
     assert set(alive) == {200}, alive
     assert sum(outcomes.values()) == CASES

@@ -315,8 +315,9 @@ class CallHandling(ConnectionState):
         if self.streams.pop(stream.id, None) is None:
             return
         if stream.task is not None or stream.inbox is not None or stream.cancel is not None:
-            # answered before its work ended (e.g. a stream refused mid-way for a message over
-            # the cap): what it still runs is withdrawn, or its tasks would wait forever
+            # a call closed before its work ended (the client left or reset it, or a stream was
+            # refused mid-way for a message over the cap): what it still runs is withdrawn, or
+            # its tasks would wait forever
             self._abandon(stream)
         self._unbuffer(stream)
         self.blocked.discard(stream)
@@ -355,7 +356,6 @@ class CallHandling(ConnectionState):
             stream.inbox.end()
 
     def _reset(self, stream: Stream, code: int) -> None:
-        self._abandon(stream)
         stream.answered = True
         self._emit(_frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
         self._close(stream)

@@ -73,8 +73,7 @@ class FrameHandling(RequestReading):
             if len(payload) != 4 or not stream_id:
                 raise ConnectionFault(PROTOCOL_ERROR, "bad RST_STREAM")
             stream = self.streams.get(stream_id)
-            if stream is not None:  # the client cancelled: withdraw its work
-                self._abandon(stream)
+            if stream is not None:  # the client cancelled: closing withdraws its work
                 self._close(stream)
         elif kind == GOAWAY:
             pass  # the client closes when it is done; streams in flight still get answers

@@ -139,8 +139,7 @@ class _Connection(FrameHandling, asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
         for stream in list(self.streams.values()):
-            self._abandon(stream)
-            self._close(stream)
+            self._close(stream)  # withdraws what the call still runs
         self.blocked.clear()
 
     def pause_writing(self) -> None:  # the client does not read: stop reading its requests
