@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc
 
 from analyzer import __version__
 from analyzer.worker.errors import InferError, Status
@@ -31,37 +30,52 @@ from analyzer.worker.grpc_messages import (
     tensor_region,
 )
 from analyzer.worker.grpc_stream import answer_stream
-from analyzer.worker.http import server_metadata
+from analyzer.worker.http import RestApi, server_metadata
 from analyzer.worker.limits import Limits
-from analyzer.worker.manager import ModelManager
+from analyzer.worker.manager import ModelManager, Served
 from analyzer.worker.names import check_model_name
 from analyzer.worker.params import natural_param, sequence_flags, sequence_param
-from analyzer.worker.request import InferRequest
+from analyzer.worker.request import InferRequest, OnDone, Outputs
 from analyzer.worker.restrict import Restrictions
 from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry
 from analyzer.worker.validate import check_once
 
 if TYPE_CHECKING:
-    from analyzer.worker.grpc_state import Inbox
+    from analyzer.worker.grpc_state import Inbox, Metadata
+
+# The protobuf messages are untyped (tritonclient ships no stubs): requests and responses are Any.
+OnResponse = Callable[[Outputs | None, Exception | None, bool], None]
 
 
-class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """Every RPC first checks its restricted-API category (Triton's), then the model name."""
+class CallContext(Protocol):
+    """What the coroutines use of a call's context (grpc.aio's, or grpc_calls._Context)."""
+
+    def invocation_metadata(self) -> Metadata | None: ...
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
+
+
+class InferenceService:
+    """Every RPC first checks its restricted-API category (Triton's), then the model name.
+
+    The methods are named as GRPCInferenceService's; grpc_calls.UNARY_METHODS lists the unary ones
+    served (a method not there is answered UNIMPLEMENTED by the transport).
+    """
 
     def __init__(
         self,
         manager: ModelManager,
-        api,
+        api: RestApi | None,
         restrictions: Restrictions | None = None,
         limits: Limits | None = None,
-    ):
+    ) -> None:
         self.manager = manager
         self.api = api
         # one registry for both protocols, as Triton's
         self.shm = api.shm if api is not None else SharedMemoryRegistry()
         self.limits = limits or Limits()
         # serialized response heads by output layout (see encode_bytes); bounded
-        self._heads: dict[tuple, bytes] = {}
+        self._heads: dict[tuple[Any, ...], bytes] = {}
         self.layouts = Layouts()  # repeated ModelInfer requests, parsed once
         self.restrictions = restrictions or Restrictions()
         self._rules = self.restrictions.rules
@@ -70,45 +84,47 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
-    def refusal(self, category: str, metadata) -> str | None:
+    def refusal(self, category: str, metadata: Metadata | None) -> str | None:
         """Why a call of `category` with this invocation metadata is refused, or None."""
         if category not in self._rules:  # the metadata is only read when it matters
             return None
         text = {k: v for k, v in metadata or () if isinstance(v, str)}
         return self.restrictions.check(category, text)
 
-    async def _allow(self, category: str, context) -> None:
+    async def _allow(self, category: str, context: CallContext) -> None:
         """Triton answers a restricted call without its metadata key UNAVAILABLE."""
         message = self.refusal(category, context.invocation_metadata())
         if message is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, message)
 
     @staticmethod
-    async def _name(name: str, context) -> None:
+    async def _name(name: str, context: CallContext) -> None:
         try:
             check_model_name(name)
         except InferError as err:
             await context.abort(err.status.grpc, err.message)
 
     # -- health and metadata ------------------------------------------------------------------
-    async def ServerLive(self, request, context):
+    async def ServerLive(self, request: Any, context: CallContext) -> Any:
         await self._allow("health", context)
-        return pb.ServerLiveResponse(live=self.api.live)
+        # without the REST API (in-process tests and benchmarks) the service is as live as its loop
+        return pb.ServerLiveResponse(live=self.api.live if self.api is not None else True)
 
-    async def ServerReady(self, request, context):
+    async def ServerReady(self, request: Any, context: CallContext) -> Any:
         await self._allow("health", context)
-        return pb.ServerReadyResponse(ready=self.api.server_ready())
+        ready = self.api.server_ready() if self.api is not None else self.manager.all_ready()
+        return pb.ServerReadyResponse(ready=ready)
 
-    async def ModelReady(self, request, context):
+    async def ModelReady(self, request: Any, context: CallContext) -> Any:
         await self._allow("health", context)  # Triton files model readiness under health
         await self._name(request.name, context)
         return pb.ModelReadyResponse(ready=self.manager.is_ready(request.name, request.version))
 
-    async def ServerMetadata(self, request, context):
+    async def ServerMetadata(self, request: Any, context: CallContext) -> Any:
         await self._allow("metadata", context)
         return self.metadata
 
-    async def ModelMetadata(self, request, context):
+    async def ModelMetadata(self, request: Any, context: CallContext) -> Any:
         await self._allow("metadata", context)
         await self._name(request.name, context)
         model = await self._get(request.name, request.version, context)
@@ -121,13 +137,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
         )
 
-    async def ModelConfig(self, request, context):
+    async def ModelConfig(self, request: Any, context: CallContext) -> Any:
         await self._allow("model-config", context)
         await self._name(request.name, context)
         model = await self._get(request.name, request.version, context)
         return pb.ModelConfigResponse(config=model.config)
 
-    async def ModelStatistics(self, request, context):
+    async def ModelStatistics(self, request: Any, context: CallContext) -> Any:
         await self._allow("statistics", context)
         if request.name:
             await self._name(request.name, context)
@@ -146,14 +162,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         )  # fmt: skip
         return response
 
-    async def _get(self, name: str, version: str, context):
+    async def _get(self, name: str, version: str, context: CallContext) -> Served:
         try:
             return self.manager.get(name, version)
         except InferError as err:
             await context.abort(err.status.grpc, err.message)
 
     # -- repository -----------------------------------------------------------------------------
-    async def RepositoryIndex(self, request, context):
+    async def RepositoryIndex(self, request: Any, context: CallContext) -> Any:
         await self._allow("model-repository", context)
         rows = self.manager.index(request.ready)
         return pb.RepositoryIndexResponse(
@@ -161,7 +177,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     # -- shared memory (Triton's extension; one registry with HTTP) -----------------------------
-    async def SystemSharedMemoryStatus(self, request, context):
+    async def SystemSharedMemoryStatus(self, request: Any, context: CallContext) -> Any:
         await self._allow("shared-memory", context)
         try:
             rows = self.shm.status(request.name)
@@ -171,7 +187,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryStatusResponse(
             regions={row["name"]: status(**row) for row in rows})
 
-    async def SystemSharedMemoryRegister(self, request, context):
+    async def SystemSharedMemoryRegister(self, request: Any, context: CallContext) -> Any:
         await self._allow("shared-memory", context)
         try:
             self.shm.register(request.name, request.key, request.offset, request.byte_size)
@@ -179,25 +195,25 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             await context.abort(err.status.grpc, err.message)
         return pb.SystemSharedMemoryRegisterResponse()
 
-    async def SystemSharedMemoryUnregister(self, request, context):
+    async def SystemSharedMemoryUnregister(self, request: Any, context: CallContext) -> Any:
         await self._allow("shared-memory", context)
         self.shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    async def CudaSharedMemoryStatus(self, request, context):
+    async def CudaSharedMemoryStatus(self, request: Any, context: CallContext) -> Any:
         await self._allow("shared-memory", context)
         return pb.CudaSharedMemoryStatusResponse()
 
-    async def CudaSharedMemoryRegister(self, request, context):
+    async def CudaSharedMemoryRegister(self, request: Any, context: CallContext) -> Any:
         await self._allow("shared-memory", context)
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, CUDA_UNAVAILABLE)
         return pb.CudaSharedMemoryRegisterResponse()
 
-    async def CudaSharedMemoryUnregister(self, request, context):
+    async def CudaSharedMemoryUnregister(self, request: Any, context: CallContext) -> Any:
         await self._allow("shared-memory", context)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    async def RepositoryModelLoad(self, request, context):
+    async def RepositoryModelLoad(self, request: Any, context: CallContext) -> Any:
         await self._allow("model-repository", context)
         await self._name(request.model_name, context)
         try:
@@ -209,7 +225,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
         return pb.RepositoryModelLoadResponse()
 
-    async def RepositoryModelUnload(self, request, context):
+    async def RepositoryModelUnload(self, request: Any, context: CallContext) -> Any:
         await self._allow("model-repository", context)
         await self._name(request.model_name, context)
         param = request.parameters.get("unload_dependents")
@@ -220,7 +236,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
         return pb.RepositoryModelUnloadResponse()
 
-    async def _repository_job(self, job, context) -> None:
+    async def _repository_job(self, job: Callable[[], object], context: CallContext) -> None:
         try:
             await asyncio.get_running_loop().run_in_executor(None, job)
         except InferError as err:
@@ -230,7 +246,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ------------------------------------------------------------------------------
     async def ModelStreamInfer(
-        self, request_iterator: Inbox, context: Any
+        self, request_iterator: Inbox, context: CallContext
     ) -> AsyncIterator[list[bytes]]:
         """Each request gets one response message, an error one included, in completion order
         (grpc_stream.py). `request_iterator` is the stream's Inbox of serialized requests; the
@@ -240,8 +256,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             yield parts
 
     def prepare(
-        self, request: pb.ModelInferRequest, on_done, arrival: int = 0
-    ) -> tuple[Any, InferRequest]:
+        self, request: Any, on_done: OnDone, arrival: int = 0
+    ) -> tuple[Served, InferRequest]:
         """The model and the request to submit; InferError for anything malformed."""
         arrival = arrival or time.perf_counter_ns()
         check_model_name(request.model_name)
@@ -268,8 +284,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             flags=sequence_flags(params),
         )
 
-    def submit_bytes(self, data: bytes, on_done,
-                     on_response=None) -> tuple[Any, pb.ModelInferRequest, Any, Any]:  # fmt: skip
+    def submit_bytes(
+        self, data: bytes, on_done: OnDone, on_response: OnResponse | None = None
+    ) -> tuple[Served, Any, tuple[str, ...] | None, InferRequest]:
         """Parse, check and queue a serialized ModelInferRequest (`on_response`: a stream's
         callback for a decoupled model's responses).
 
@@ -299,15 +316,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         model.submit(request, checked=True)
         return model, layout.fields, layout.output_names, request
 
-    def encode_bytes(self, model, request: pb.ModelInferRequest, outputs: dict) -> bytes:
+    def encode_bytes(self, model: Served, request: Any, outputs: Outputs) -> bytes:
         """The serialized ModelInferResponse of a unary call (see encode_parts)."""
         return b"".join(self.encode_parts(model, request, outputs))
 
     def encode_parts(
         self,
-        model,
-        request: pb.ModelInferRequest,
-        outputs: dict,
+        model: Served,
+        request: Any,
+        outputs: Outputs,
         requested: tuple[str, ...] | None = None,
         request_id: str | None = None,
     ) -> list[bytes]:
@@ -351,7 +368,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return parts
 
     @staticmethod
-    def encode(model, request_id: str, outputs: dict, requested) -> pb.ModelInferResponse:
+    def encode(
+        model: Served, request_id: str, outputs: Outputs, requested: list[str] | None
+    ) -> Any:
         try:
             return encode_outputs(model, request_id, outputs, requested)
         except InferError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -98,7 +98,7 @@ class _Context:
     def invocation_metadata(self) -> Metadata:
         return self._metadata
 
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
         raise _Abort(code, details)
 
 

@@ -60,6 +60,7 @@ from analyzer.worker.grpc_state import (
     OUR_STREAM_WINDOW,
     ConnectionFault,
 )
+from analyzer.worker.http import RestApi
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.restrict import Restrictions
@@ -71,7 +72,7 @@ class GrpcServer:
     def __init__(
         self,
         manager: ModelManager,
-        api: Any,  # the RestApi: health, shared memory and repository state both protocols share
+        api: RestApi | None,  # health, shared memory and repository state both protocols share
         host: str,
         port: int,
         limits: Limits | None = None,
