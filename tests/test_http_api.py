@@ -232,7 +232,7 @@ def test_a_repeated_header_is_reused_with_each_requests_own_data(examples_worker
 
 def test_header_plans_are_bounded():
     from analyzer.worker.http import _Plans
-    from analyzer.worker.http_server import HttpRequest
+    from analyzer.worker.http_message import HttpRequest
 
     plans = _Plans()
     for i in range(3 * _Plans.MAX_PLANS):

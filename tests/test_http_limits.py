@@ -23,12 +23,8 @@ import tritonclient.http as httpclient
 from serving import EXAMPLES, start_worker
 
 from analyzer.loadgen.shard import Shard, ShardConfig
-from analyzer.worker.http_server import (
-    HttpRequest,
-    HttpResponse,
-    raise_open_file_limit,
-    start_http_server,
-)
+from analyzer.worker.http_message import HttpRequest, HttpResponse
+from analyzer.worker.http_server import raise_open_file_limit, start_http_server
 from analyzer.worker.limits import Limits
 
 GIB = 1 << 30

@@ -26,7 +26,7 @@ from analyzer.worker.http_tensors import _decode_inputs, _encode_outputs, _Plans
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.names import check_model_name
 from analyzer.worker.params import _object, _parse_json, show_value
-from analyzer.worker.request import InferRequest
+from analyzer.worker.request import InferRequest, Outputs
 from analyzer.worker.restrict import Restrictions
 from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry
 from analyzer.worker.validate import check_once
@@ -266,8 +266,9 @@ class RestApi:
         outputs_spec, binary_default, heads = plan.outputs, plan.binary_default, plan.heads
         loop = self.loop
 
-        def finish(outputs, error) -> None:
-            if error is not None:
+        def finish(outputs: Outputs | None, error: Exception | None) -> None:
+            if error is not None or outputs is None:  # (neither: a backend's bug, still answered)
+                error = error or InferError("the model returned no outputs", Status.INTERNAL)
                 status = error.status.http if isinstance(error, InferError) else 500
                 respond(error_response(status, str(error)))
                 return
@@ -281,7 +282,7 @@ class RestApi:
                 )
             respond(response)
 
-        def on_done(outputs, error) -> None:
+        def on_done(outputs: Outputs | None, error: Exception | None) -> None:
             loop.call_soon_threadsafe(finish, outputs, error)
 
         request = InferRequest(
@@ -307,7 +308,7 @@ class RestApi:
         model.submit(request)
 
 
-def _done_response(future: asyncio.Future) -> HttpResponse:
+def _done_response(future: asyncio.Future[Any]) -> HttpResponse:
     err = future.exception()
     if err is None:
         return HttpResponse(200, [b"{}"])

@@ -14,6 +14,7 @@ import time
 from http import HTTPStatus
 
 from analyzer.worker.http_message import HttpResponse, error_response
+from analyzer.worker.http_state import ConnectionState, Slot
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +32,15 @@ _PREFIXES: dict[tuple[int, str], str] = {}
 _MAX_PREFIXES = 256
 
 
-class Flow:
+class Flow(ConnectionState):
     """Ordered answers, pausing and resuming reading, the lingering close and the connection's one
-    timer. Mixed into http_server._Protocol, whose slots hold the state used here."""
+    timer. Mixed into http_server._Protocol; the state it shares is
+    http_state.ConnectionState."""
 
     __slots__ = ()
 
     # -- responses --------------------------------------------------------------------------
-    def _fill(self, slot: list, response: HttpResponse) -> None:
+    def _fill(self, slot: Slot, response: HttpResponse) -> None:
         if slot[0] is not None:
             return  # answered already: each request gets exactly one response
         slot[0] = response

@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 
 from analyzer.worker.http_message import error_response
+from analyzer.worker.http_state import ConnectionState
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -18,9 +19,10 @@ class _Stop(Exception):
     """Raised from a parser callback after the request was refused: stops parsing this chunk."""
 
 
-class RequestChecks:
+class RequestChecks(ConnectionState):
     """Head and body caps, the server-wide budget of bodies still arriving, Expect and
-    Content-Encoding. Mixed into http_server._Protocol, whose slots hold the state used here."""
+    Content-Encoding.
+    Mixed into http_server._Protocol; the state it shares is http_state.ConnectionState."""
 
     __slots__ = ()
 
@@ -64,8 +66,9 @@ class RequestChecks:
             raise _Stop
         # an interim answer must not overtake the answers still owed to earlier requests; a
         # client that gets none sends its body after its own wait
-        if not self.slots and self.parser.get_http_version() == "1.1":
-            self.transport.write(_CONTINUE)
+        transport = self.transport
+        if not self.slots and self.parser.get_http_version() == "1.1" and transport is not None:
+            transport.write(_CONTINUE)
 
     def _start_inflating(self, encoding: str) -> None:
         name = encoding.strip().lower()
@@ -79,15 +82,15 @@ class RequestChecks:
 
     def _encoded_body(self, data: bytes) -> None:
         if self.inflater is not None:
-            self._inflate(data)
+            self._inflate(self.inflater, data)
         elif self.bad is None:  # identity
             self.body.append(data)
 
-    def _inflate(self, data: bytes) -> None:
+    def _inflate(self, inflater: zlib._Decompress, data: bytes) -> None:
         """Inflate as it arrives, asking zlib for at most one byte beyond the cap."""
         room = self.body_cap - self.inflated
         try:
-            out = self.inflater.decompress(data, room + 1)
+            out = inflater.decompress(data, room + 1)
         except zlib.error as err:
             self._bad_encoding(str(err))
             return

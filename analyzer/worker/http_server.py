@@ -20,7 +20,8 @@ else goes through the parser. On tiny_cnn at client batch 1 this was 3% of the s
 (BENCHMARKS.md).
 
 The protocol here receives and dispatches; it mixes in the request checks (http_limits.py) and the
-sending side and clock (http_flow.py). The records a handler sees are in http_message.py.
+sending side and clock (http_flow.py), all three over one connection state (http_state.py). The
+records a handler sees are in http_message.py.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ import resource
 import socket
 import sys
 from collections import deque
+from typing import cast
 
 import httptools
 
 from analyzer.worker.http_flow import _PENDING, _WRITES, Flow, _now
 from analyzer.worker.http_limits import RequestChecks, _Stop
-from analyzer.worker.http_message import Handler, HttpRequest, HttpResponse, error_response
+from analyzer.worker.http_message import Handler, HttpRequest, error_response
+from analyzer.worker.http_state import Slot
 from analyzer.worker.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -85,13 +88,7 @@ class _Server:
 
 
 class _Protocol(RequestChecks, Flow, asyncio.Protocol):
-    __slots__ = (
-        "handler", "server", "limits", "transport", "parser", "url", "headers", "body", "slots",
-        "closing", "refused", "lingering", "paused", "receiving", "in_head", "measure", "count",
-        "began", "idle_count", "idle_since", "raw_head", "raw_count", "body_bytes", "encoded",
-        "inflater", "inflated", "bad", "timer", "waiting", "releasing", "head_cap", "body_cap",
-        "pending_cap", "length_digits", "held", "repeat", "learned", "relearn",
-    )  # fmt: skip
+    __slots__ = ()  # the state's slots: http_state.ConnectionState
 
     def __init__(self, handler: Handler, server: _Server):
         self.handler = handler
@@ -103,15 +100,15 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         self.pending_cap = limits.max_pending_per_connection
         self.length_digits = len(str(limits.max_input_bytes))  # fewer: surely under the cap
         self.held = 0  # bytes of the body being received, counted in the server's budget
-        self.transport: asyncio.Transport | None = None
+        self.transport = None
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
-        self.headers: dict[str, str] = {}
-        self.body: list[bytes] = []
+        self.headers = {}
+        self.body = []
         # one [response, request] per request in arrival order; answered from the front
-        self.slots: deque[list] = deque()
+        self.slots = deque()
         # the tail of `slots` not yet handed to the handler: too many unanswered, or replies unread
-        self.waiting: deque[list] = deque()
+        self.waiting = deque()
         self.releasing = False
         self.closing = False  # close once every slot is answered
         self.refused = False  # an error ends this connection: what the client sends is dropped
@@ -130,14 +127,15 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         self.encoded = False  # this request has a Content-Encoding
         self.inflater = None  # zlib decompressobj for a Content-Encoding body
         self.inflated = 0
-        self.bad: HttpResponse | None = None  # the answer to this request, decided early
-        self.timer: asyncio.TimerHandle | None = None
-        self.repeat: _Repeat | None = None  # the head this client repeats, and where it goes
-        self.learned: HttpRequest | None = None  # a request that may become `repeat`
+        self.bad = None  # the answer to this request, decided early
+        self.timer = None
+        self.repeat = None  # the head this client repeats, and where it goes
+        self.learned = None  # a request that may become `repeat`
         self.relearn = 0  # `count` from which a request may be learned again
 
     # -- asyncio ----------------------------------------------------------------------------
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # a stream server's connection
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -154,7 +152,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.limits.write_high_water_bytes)
         self._arm(self.server.tick)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.server.open.discard(self)
         self._let_go()
         if self.timer is not None:
@@ -317,7 +315,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
             body = self._finish_inflating(body)
             if self.bad is not None:
                 bad, self.bad = self.bad, None
-                slot: list = [bad, None]
+                slot: Slot = [bad, None]
                 self.slots.append(slot)
                 self._flush()
                 return
@@ -332,7 +330,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
 
     def _accept(self, request: HttpRequest, handler: Handler) -> None:
         """A whole request: handed to `handler` now, or queued while too many are unanswered."""
-        slot = [None, request]
+        slot: Slot = [None, request]
         self.slots.append(slot)
         if self.paused or len(self.slots) > self.pending_cap:
             # parsing cannot stop inside a chunk, so the rest of it waits here, unhandled
@@ -345,7 +343,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
             log.exception("HTTP handler failed for %s %s", request.method, request.path)
             self._fill(slot, error_response(500, f"internal error: {err}"))
 
-    def _dispatch(self, slot: list) -> None:
+    def _dispatch(self, slot: Slot) -> None:
         request = slot[1]
         try:
             self.handler(request, lambda response: self._fill(slot, response))

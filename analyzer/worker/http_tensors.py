@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,14 +33,21 @@ from analyzer.worker.params import (
     sequence_param,
     show_value,
 )
-from analyzer.worker.request import batch_signature
+from analyzer.worker.request import Outputs, Signature, batch_signature
 from analyzer.worker.shm import SharedMemoryRegistry, region_params
 
+if TYPE_CHECKING:
+    from analyzer.worker.manager import Served
+
 HEADER_LENGTH = "inference-header-content-length"
+# a kept plan's response heads by output layout: (JSON head, the outputs sent as (name, wire
+# type), the HTTP headers, the cell of the encoded HTTP head)
+Heads = dict[tuple[Any, ...],
+             tuple[bytes, list[tuple[str, str]], list[tuple[str, str]], list[bytes | None]]]
 _BINARY_TYPE = "application/octet-stream"
 
 
-def _outputs(spec: Any) -> list[dict] | None:
+def _outputs(spec: Any) -> list[dict[str, Any]] | None:
     """'outputs': a list of objects, each with a string 'name' and optional 'parameters'."""
     if spec is None:
         return None
@@ -78,18 +85,18 @@ class _Plan:
     """
 
     inputs: list[_InputPlan]
-    outputs: list[dict] | None
+    outputs: list[dict[str, Any]] | None
     requested: list[str] | None
-    params: dict
+    params: dict[str, Any]
     binary_default: bool
     request_id: str
     priority: int
     timeout: int
     correlation: int | str
     flags: int
-    heads: dict | None  # response heads by output layout; None when the plan is not kept
-    checked: dict | None  # batch size by the model versions' validators that accepted it
-    signature: tuple  # the requests' batch_signature(): their shapes are the plan's
+    heads: Heads | None  # response heads by output layout; None when the plan is not kept
+    checked: dict[Any, int] | None  # batch size by the model versions' validators that accepted it
+    signature: Signature  # the requests' batch_signature(): their shapes are the plan's
 
 
 class _Plans:
@@ -103,7 +110,7 @@ class _Plans:
     def __init__(self) -> None:
         self.plans: dict[bytes, _Plan] = {}
 
-    def plan(self, http: HttpRequest) -> tuple[_Plan, dict | None, memoryview]:
+    def plan(self, http: HttpRequest) -> tuple[_Plan, dict[str, Any] | None, memoryview]:
         """(plan, the parsed header when it was parsed now, the binary part of the body)."""
         body = http.body
         length = http.headers.get(HEADER_LENGTH)
@@ -128,7 +135,7 @@ class _Plans:
                 return plan, None, view[n:]
         header = _parse_json(view[:n])
         plan = _make_plan(header, keep=key is not None)
-        if plan.heads is not None:
+        if plan.heads is not None and key is not None:
             plans = self.plans
             if len(plans) >= self.MAX_PLANS:
                 del plans[next(iter(plans))]  # the oldest goes
@@ -136,7 +143,7 @@ class _Plans:
         return plan, header, view[n:]
 
 
-def _make_plan(header: dict, keep: bool) -> _Plan:
+def _make_plan(header: dict[str, Any], keep: bool) -> _Plan:
     specs = header.get("inputs")
     if not isinstance(specs, list) or not specs:
         raise InferError("inference request has no 'inputs'")
@@ -189,8 +196,10 @@ def _make_plan(header: dict, keep: bool) -> _Plan:
     )
 
 
-def _decode_inputs(plan: _Plan, header: dict | None, binary: memoryview,
-                   shm: SharedMemoryRegistry | None = None) -> tuple[dict, dict]:  # fmt: skip
+def _decode_inputs(
+    plan: _Plan, header: dict[str, Any] | None, binary: memoryview,
+    shm: SharedMemoryRegistry | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The input arrays: views of the binary part, copies of a shared memory region, or
     converted JSON 'data' (header given)."""
     inputs: dict[str, np.ndarray] = {}
@@ -226,7 +235,7 @@ def _decode_inputs(plan: _Plan, header: dict | None, binary: memoryview,
     return inputs, wire_types
 
 
-def _input_spec(spec: Any) -> tuple[str, str, tuple, dict]:
+def _input_spec(spec: Any) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
     """One entry of 'inputs', type-checked: (name, datatype, shape, parameters)."""
     if not isinstance(spec, dict):
         raise InferError("each entry of 'inputs' must be an object with name, datatype, shape")
@@ -245,7 +254,7 @@ def _input_spec(spec: Any) -> tuple[str, str, tuple, dict]:
     return name, wire, tuple(shape), params
 
 
-def _from_json_data(data, wire: str, shape: tuple[int, ...], count: int) -> np.ndarray:
+def _from_json_data(data: Any, wire: str, shape: tuple[int, ...], count: int) -> np.ndarray:
     """JSON 'data' as an array; only strings for BYTES and only numbers otherwise."""
     try:
         flat = np.asarray(data, dtype=np.object_ if wire == "BYTES" else None).ravel()
@@ -269,12 +278,14 @@ def _from_json_data(data, wire: str, shape: tuple[int, ...], count: int) -> np.n
 
 
 def _encode_outputs(
-    model, request_id, outputs: dict, spec, binary_default: bool, heads: dict | None = None,
-    shm: SharedMemoryRegistry | None = None,
+    model: Served, request_id: str, outputs: Outputs, spec: list[dict[str, Any]] | None,
+    binary_default: bool, heads: Heads | None = None, shm: SharedMemoryRegistry | None = None,
 ) -> HttpResponse:
     """The response; with `heads` (a kept plan's), an all-binary head is built once per layout.
     An output whose parameters name a shared memory region is written there instead."""
-    key = None
+    key: tuple[Any, ...] | None = None
+    sent: list[tuple[str, str]]
+    blobs: list[bytes | memoryview]
     if heads is not None:
         key = (model.name, model.version, *((n, a.dtype, a.shape) for n, a in outputs.items()))
         cached = heads.get(key)
@@ -286,7 +297,8 @@ def _encode_outputs(
         wanted = [(o["name"], (o.get("parameters") or {})) for o in spec]
     else:
         wanted = [(name, {}) for name in outputs]
-    entries, blobs, sent = [], [], []
+    entries: list[dict[str, Any]] = []
+    blobs, sent = [], []
     for name, params in wanted:
         if name not in outputs:
             return error_response(500, f"model '{model.name}' did not produce output '{name}'")
@@ -329,7 +341,7 @@ def _encode_outputs(
         return HttpResponse(200, [head])
     headers = [("Inference-Header-Content-Length", str(len(head)))]
     # a head holds no values when every output is binary and of a fixed size per element
-    if key is not None and len(sent) == len(entries) and all(
+    if heads is not None and key is not None and len(sent) == len(entries) and all(
         wire not in ("BYTES", "BF16") for _, wire in sent
     ):
         if len(heads) >= _Plans.MAX_HEADS:
