@@ -18,8 +18,10 @@ figure is the best setting's median.
 
 `--ratio A/B` (e.g. `b1_dynamic8/b8_direct`) drives one worker with two settings in rounds of
 A, B and A again in a rotating order, and reports A/B and the A/A floor (A-again/A), median
-(min-max), next to each setting's served/offline, the offline limit measured in the same round at
-the batch size that setting executed.
+(min-max), next to each setting's served/offline. Each served run is bracketed by the offline
+limit at the batch that setting executes, measured just before and just after it (half the
+offline time each, their geometric mean the limit): a host whose speed drifts over seconds moves
+both sides of that ratio alike.
 
 `--compare-tree DIR` measures a code change side by side: three workers on core 1 -- this tree
 ("after"), a second copy of it ("after-again", the A/A noise floor) and DIR's `analyzer` package
@@ -216,19 +218,19 @@ def ratio_run(args: argparse.Namespace, tmp: Path) -> int:
     got: dict[str, list[tuple[float, float]]] = {n: [] for n, _ in runs}
     spreads: dict[str, list[tuple[int, int]]] = {n: [] for n, _ in runs}
     eff: dict[str, list[float]] = {n: [] for n, _ in runs}
+    offline_s = args.window_ms / 1000  # before and after each run: 2 windows' worth in all
     try:
-        for s in (a, b):
-            served(worker, s, 1000, tmp / "warm.csv")
+        batch = {n: max(1, round(served(worker, s, 1000, tmp / "warm.csv")[1])) for n, s in runs}
         for i in range(args.pairs):
             order = runs[i % 3:] + runs[: i % 3]
             for n, s in order:
+                before = offline.measure(batch[n], offline_s)
                 throughput, executed, _ = served(worker, s, args.window_ms, tmp / "p.csv",
                                                  spreads[n])  # fmt: skip
+                after = offline.measure(batch[n], offline_s)
                 got[n].append((throughput, executed))
-            for n, _ in runs:  # the offline limit of this round, at each run's executed batch
-                throughput, executed = got[n][-1]
-                limit = offline.measure(max(1, round(executed)), args.window_ms / 1000 * 2)
-                eff[n].append(throughput / limit)
+                eff[n].append(throughput / (before * after) ** 0.5)
+                batch[n] = max(1, round(executed))  # next round's offline runs this batch
             print(f"round {i + 1}: " + ", ".join(
                 f"{n} {got[n][-1][0]:.0f} infer/s ({batch_text(got[n][-1][1], spreads[n][-1])}, "
                 f"served/offline "
