@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import numpy as np
@@ -11,6 +12,7 @@ from tritonclient.grpc import service_pb2 as pb
 from analyzer.config.model_config import parse_model_config
 from analyzer.worker.errors import InferError
 from analyzer.worker.grpc import InferenceService
+from analyzer.worker.grpc_calls import _Context
 from analyzer.worker.grpc_layouts import Layouts, raw_start
 from analyzer.worker.grpc_messages import MalformedRequest
 from analyzer.worker.validate import RequestValidator
@@ -50,6 +52,10 @@ class Model:
 class Manager:
     def __init__(self) -> None:
         self.model = Model()
+        self.ready = True
+
+    def all_ready(self) -> bool:
+        return self.ready
 
     def get(self, name: str, version: str = "") -> Model:
         if name != "m":
@@ -294,3 +300,14 @@ def test_cached_response_heads_answer_as_protobuf_would(service):
         assert got == expected, (case, got, expected)
         checked += 1
     assert checked > 1500 and 0 < len(service._heads) < checked / 4  # heads were reused
+
+
+def test_without_a_rest_api_health_is_answered_from_the_manager(service):
+    """In-process services (tests, benchmarks) have no REST API beside them: live, and ready as
+    the manager says, instead of failing the call."""
+    context = _Context(())
+    live = asyncio.run(service.ServerLive(pb.ServerLiveRequest(), context))
+    ready = asyncio.run(service.ServerReady(pb.ServerReadyRequest(), context))
+    service.manager.ready = False
+    not_ready = asyncio.run(service.ServerReady(pb.ServerReadyRequest(), context))
+    assert live.live and ready.ready and not not_ready.ready

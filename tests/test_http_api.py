@@ -249,3 +249,40 @@ def test_header_plans_are_bounded():
     headers = {"inference-header-content-length": str(len(header))}
     plan, parsed, _ = plans.plan(HttpRequest("POST", "/", "", headers, header.encode()))
     assert plan.heads is None and parsed is not None and header.encode() not in plans.plans
+
+
+def test_a_backend_that_returns_neither_outputs_nor_an_error_is_answered_500():
+    """The REST API's answer path, in process: a completion with no outputs and no error (a
+    backend's bug) still answers its request, with an error that says what happened."""
+    from analyzer.config.model_config import parse_model_config
+    from analyzer.worker.http import RestApi
+    from analyzer.worker.http_message import HttpRequest
+    from analyzer.worker.validate import RequestValidator
+
+    config = parse_model_config(
+        'name: "m" max_batch_size: 8 input [{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }] '
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }]'
+    )
+
+    class Model:
+        name, version = "m", 1
+        validator = RequestValidator(config)
+
+        def submit(self, request, checked: bool = False) -> None:
+            request.on_done(None, None)
+
+    class Manager:
+        def get(self, name: str, version: str = "") -> Model:
+            return Model()
+
+    class Loop:
+        def call_soon_threadsafe(self, f, *args) -> None:
+            f(*args)
+
+    api = RestApi(Manager(), Loop(), "test")
+    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [1, 2, 3, 4]}]}).encode()  # fmt: skip
+    answers = []
+    api(HttpRequest("POST", "/v2/models/m/infer", "", {}, body), answers.append)
+    assert len(answers) == 1 and answers[0].status == 500
+    assert "returned no outputs" in json.loads(b"".join(answers[0].body))["error"]
