@@ -174,6 +174,15 @@ def batch_text(executed: float, spread_: tuple[int, int]) -> str:
     return f"batch {executed:.1f}" + (f", p10-p90 {low}-{high}" if low != high else "")
 
 
+def load_command(worker, setting: Setting, window_ms: int, out: Path) -> list[str]:
+    """perf_analyzer on the client's cores, driving `setting`'s model over --protocol."""
+    target = worker.grpc if PROTOCOL[0] == "grpc" else worker.http
+    return ["taskset", "-c", PLACEMENT.client_cpus, str(placement.perf_analyzer()), "-m",
+            f"tiny_cnn_{setting.name}", "-u", target, "-i", PROTOCOL[0], "-b",
+            str(setting.client_batch), "--concurrency-range", str(setting.concurrency), "-p",
+            str(window_ms), "-s", "50", "-f", str(out)]  # fmt: skip
+
+
 def served(worker, setting: Setting, window_ms: int, out: Path,
            spreads: list[tuple[int, int]] | None = None) -> tuple[float, float, float]:  # fmt: skip
     """perf_analyzer's throughput, the average executed batch, and the instance busy fraction;
@@ -181,12 +190,8 @@ def served(worker, setting: Setting, window_ms: int, out: Path,
     model = f"tiny_cnn_{setting.name}"
     address = worker.http
     before = stats(address, model)
-    target = worker.grpc if PROTOCOL[0] == "grpc" else address
-    cmd = ["taskset", "-c", PLACEMENT.client_cpus, str(placement.perf_analyzer()), "-m", model,
-           "-u", target, "-i", PROTOCOL[0], "-b", str(setting.client_batch),
-           "--concurrency-range", str(setting.concurrency), "-p", str(window_ms), "-s", "50",
-           "-f", str(out)]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True)
+    run = subprocess.run(load_command(worker, setting, window_ms, out), capture_output=True,
+                         text=True)  # fmt: skip
     if run.returncode != 0:
         raise RuntimeError(run.stdout + run.stderr)
     with out.open() as f:

@@ -39,9 +39,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import placement  # noqa: E402
+import serving_efficiency  # noqa: E402
 from placement import PLACEMENT  # noqa: E402
 from serving import start_worker  # noqa: E402
-from serving_efficiency import SETTINGS, Offline, Setting, make_repository, served, stats  # noqa: E402
+from serving_efficiency import (  # noqa: E402
+    SETTINGS,
+    Offline,
+    Setting,
+    load_command,
+    make_repository,
+    served,
+    stats,
+)
 
 TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
 PERF_HZ = 1000
@@ -129,12 +138,8 @@ def measure(worker, setting: Setting, seconds: float, offline: Offline, tmp: Pat
             profile: bool = False) -> Round:  # fmt: skip
     """One steady stretch of load, read at both ends, then the offline limit right after."""
     model = f"tiny_cnn_{setting.name}"
-    target = worker.grpc if served_protocol() == "grpc" else worker.http
     window_ms = int((seconds + 4) * 1000)  # perf_analyzer outlives the stretch we read
-    cmd = ["taskset", "-c", PLACEMENT.client_cpus, str(placement.perf_analyzer()), "-m", model,
-           "-u", target, "-i", served_protocol(), "-b", str(setting.client_batch),
-           "--concurrency-range", str(setting.concurrency), "-p", str(window_ms), "-s", "50",
-           "-f", str(tmp / "load.csv")]  # fmt: skip
+    cmd = load_command(worker, setting, window_ms, tmp / "load.csv")
     load = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(1.5)  # connections up, the batcher in its steady pattern
@@ -224,13 +229,6 @@ def libraries(worker: dict[str, int], worker_us: float, offline: dict[str, int],
     print(f"    {'total':<40} {ours:7.1f} / {theirs:7.1f} ({ours - theirs:+.1f})", flush=True)
 
 
-_PROTOCOL = ["grpc"]
-
-
-def served_protocol() -> str:
-    return _PROTOCOL[0]
-
-
 def report(setting: Setting, i: int, r: Round) -> None:
     total = r.loop_us / setting.client_batch + r.instance_us + r.others_us
     print(f"{setting.name} round {i}: {r.infer_s:,.0f} infer/s at batch {r.batch:.1f}, core use "
@@ -257,7 +255,7 @@ def main() -> int:
     placement.add_arguments(parser)
     args = parser.parse_args()
     placement.apply(args)
-    _PROTOCOL[0] = args.protocol
+    serving_efficiency.PROTOCOL[0] = args.protocol  # the warm-up's protocol too
     by_name = {s.name: s for s in SETTINGS}
     unknown = [n for n in args.settings.split(",") if n not in by_name]
     if unknown:

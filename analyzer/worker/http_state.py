@@ -25,14 +25,6 @@ Slot = list[Any]
 
 
 class ConnectionState:
-    __slots__ = (
-        "handler", "server", "limits", "transport", "parser", "url", "headers", "body", "slots",
-        "closing", "refused", "lingering", "paused", "receiving", "in_head", "measure", "count",
-        "began", "idle_count", "idle_since", "raw_head", "raw_count", "body_bytes", "encoded",
-        "inflater", "inflated", "bad", "timer", "waiting", "releasing", "head_cap", "body_cap",
-        "pending_cap", "length_digits", "held", "repeat", "learned", "relearn",
-    )  # fmt: skip
-
     handler: Handler
     server: _Server
     limits: Limits
@@ -76,6 +68,8 @@ class ConnectionState:
     repeat: _Repeat | None
     learned: HttpRequest | None
     relearn: int
+
+    __slots__ = tuple(__annotations__)  # every name declared above, and only those
 
     if TYPE_CHECKING:  # each defined by one of the parts, called by the others
 
