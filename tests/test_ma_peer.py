@@ -14,6 +14,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from serving import EXAMPLES, ROOT, free_port, start_worker
 
@@ -21,6 +22,10 @@ PEER = ROOT / ".venv" / "peers" / "model-analyzer" / "bin" / "model-analyzer"
 SERVER = ROOT / ".venv" / "bin" / "model-analyzer-server"
 PERF_ANALYZER = ROOT / ".venv" / "bin" / "perf_analyzer"
 MODELS = ("add_sub", "tiny_cnn")  # python backend, TorchScript
+
+# MA runs a whole profile: 73 s alone, 163 s beside another test file (make test runs two), and it
+# has its own 900-s limit; pytest's 300-s default must not cut it first
+pytestmark = pytest.mark.timeout(900)
 
 
 def repository(tmp_path: Path) -> Path:
