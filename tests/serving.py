@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -48,10 +49,26 @@ class Served:
 
 
 def free_port() -> int:
-    """A port free now on 127.0.0.1, for a server that takes its port from its config (MA's)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now on 127.0.0.1, for a server that takes its port from its config (MA's).
+
+    Drawn below the kernel's ephemeral range: `make test` runs two test processes, and a port
+    the kernel handed out here could be handed to the other one's bind to port 0 (a worker's)
+    before the server this port is meant for binds it.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    draw = random.Random()  # seeded by the OS: the two test processes draw apart
+    for _ in range(100):
+        port = draw.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port below the ephemeral range after 100 draws")
 
 
 def start_worker(
