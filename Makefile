@@ -1,8 +1,5 @@
 # Two entry points: `make demo` and `make test`. Both build .venv on first use.
 PYTHON ?= python3.11
-# pytest processes, one per test file at a time: most tests wait on servers and measurement
-# windows, not on the CPU (on CI's 2 cores, 2 processes took the suite from 21 to 14 minutes)
-TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -25,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python examples/build_examples.py
 	$(BIN)/ruff check analyzer tests benchmarks examples
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 # The worker image for --triton-launch-mode docker, from local files (needs root and dockerd).

@@ -51,9 +51,9 @@ class Served:
 def free_port() -> int:
     """A port free now on 127.0.0.1, for a server that takes its port from its config (MA's).
 
-    Drawn below the kernel's ephemeral range: `make test` runs two test processes, and a port
-    the kernel handed out here could be handed to the other one's bind to port 0 (a worker's)
-    before the server this port is meant for binds it.
+    Drawn below the kernel's ephemeral range: a port the kernel handed out here could be handed
+    to any other bind to port 0 (a worker's, another test run's) before the server this port is
+    meant for binds it.
     """
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
