@@ -251,6 +251,7 @@ def test_an_image_that_is_not_ours_runs_as_triton_would(image, tmp_path):
     assert not _containers()
 
 
+@pytest.mark.timeout(900)  # MA's whole profile, under ma_profile's own 900-s limit (test_ma_peer)
 def test_nvidia_ma_docker_mode_runs_our_image(image, tmp_path):
     """NVIDIA's MA 1.58 in its docker mode: it runs `bash -c "tritonserver <flags>"` in our image
     on a bridge network with its ports published, loads each variant with a config override and
