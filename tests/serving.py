@@ -59,9 +59,10 @@ def free_port() -> int:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768  # Linux's default
-    draw = random.Random()  # seeded by the OS: the two test processes draw apart
+    floor = max(1024, low - 12000)
+    draw = random.Random()  # seeded by the OS: concurrent test runs draw apart
     for _ in range(100):
-        port = draw.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        port = draw.randrange(floor, low) if floor < low else 0  # 0: no room below the range
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
