@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest-xdist processes; a file's tests stay together in one (its fixtures' servers are shared)
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test venv lint clean docker-image
 
@@ -22,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python examples/build_examples.py
 	$(BIN)/ruff check analyzer tests benchmarks examples
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 # The worker image for --triton-launch-mode docker, from local files (needs root and dockerd).

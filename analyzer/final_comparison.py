@@ -510,8 +510,11 @@ def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigR
     # difference lies above -log(1 + RESOLUTION) (a non-inferiority margin of 5% throughput).
     # A finalist that left the race was shown behind the leader of its day beyond noise: it may
     # tie the final leader over the rounds it ran, but it is not recommended.
+    # With Pareto objectives, a cheaper tie another finalist beats on every objective is not
+    # recommended either: the recommendation stays on the front the ranking puts first.
     margin = -math.log1p(RESOLUTION)
-    close = [n for n in comparison.tied if n not in comparison.eliminated
+    dominated = ranker.dominated_finalists({n: finals[n] for n in meeting}) - {leader}
+    close = [n for n in comparison.tied if n not in comparison.eliminated and n not in dominated
              and (finals[n].vs_leader is None or finals[n].vs_leader.low >= margin)]  # fmt: skip
     chosen_name, reason = cheapest([(n, by_name[n].description, finals[n].combined)
                                     for n in close])  # fmt: skip

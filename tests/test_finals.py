@@ -411,3 +411,50 @@ def test_a_rounds_window_holds_enough_requests_and_no_more():
     settings = round_options(options, 200).settings
     assert (settings.window_ms, settings.min_window_ms, settings.warmup_ms) == (200, 200, 50)
     assert round_options(options, 500).settings.warmup_ms == 125
+
+
+def test_with_pareto_objectives_a_finalist_is_on_the_front_by_its_rounds():
+    """Seen under a loaded machine: the default config, a finalist by rule but off the search's
+    front, won the rounds on both objectives and was ranked first while the notes said the front
+    was. A finalist's point on the front is the mean of its rounds; a finalist another one's
+    rounds beat on both objectives ranks after the front and is not recommended for a tie."""
+    from analyzer.final_comparison import _conclude
+
+    pareto = ("perf_throughput", "perf_latency_p99")
+    ranker = Ranker({"perf_throughput": 1.0}, {}, pareto=pareto)
+    searched = result("searched", 1, 8, [])
+    searched.measurements = [point("searched", 6800.0, 1.6)]  # its lucky search point
+    default = result("default", 1, 32, [])
+    default.measurements = [point("default", 5300.0, 1.9)]  # dominated by that point
+    quick = result("quick", 1, 4, [])
+    quick.measurements = [point("quick", 4900.0, 1.2)]  # lowest latency, not a finalist
+    slow = result("slow", 2, 2, [])
+    slow.measurements = [point("slow", 4100.0, 3.1)]  # dominated whichever evidence counts
+    base = [8400.0, 7600.0, 8800.0]
+    default.final = summarize([point("default", t, 4.4) for t in base])
+    searched.final = summarize([point("searched", t / 2, 5.8) for t in base])
+    ranked = ranker.rank([searched, default, quick, slow])
+    assert [(r.name, r.pareto) for r in ranked] == [
+        ("default", True), ("quick", True), ("searched", False), ("slow", False)]
+    finals = {r.name: r.final for r in (searched, default)}
+    assert ranker.dominated_finalists(finals) == {"searched"}
+    comparison = Comparison(3, list(finals))
+    _conclude(comparison, ranker, {r.name: r for r in ranked}, finals, default)
+    assert comparison.recommended == "default"
+    # a cheaper config tied with the leader but beaten on both objectives is not recommended
+    leader, cheap = result("leader", 1, 16, []), result("cheap", 1, 8, [])
+    leader.final = summarize([point("leader", t, 2.0) for t in base])
+    cheap.final = summarize([point("cheap", t * w, 2.5) for t, w in
+                             zip(base, (0.999, 0.998, 0.999), strict=True)])  # fmt: skip
+    both = [leader, cheap]
+    ranker.rank(both)
+    finals = {r.name: r.final for r in both}
+    comparison = Comparison(3, list(finals))
+    _conclude(comparison, ranker, {r.name: r for r in both}, finals, None)
+    assert "cheap" in comparison.tied and comparison.recommended == "leader"
+    # without Pareto objectives the same tie recommends the cheaper config
+    plain = Ranker({"perf_throughput": 1.0}, {})
+    plain.rank(both)
+    comparison = Comparison(3, list(finals))
+    _conclude(comparison, plain, {r.name: r for r in both}, finals, None)
+    assert comparison.recommended == "cheap"

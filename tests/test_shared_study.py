@@ -90,23 +90,29 @@ def test_two_processes_share_a_postgresql_study_and_one_report_shows_all(tmp_pat
         assert document["stats"]["shared"] >= len(by_a) >= 2
         assert len({m["host"] for m in points}) == 2
 
-        # a again, with a larger budget: it resumes, and measures only what nobody finished
+        # a again, with a larger budget: it resumes, and measures only what nobody finished. The
+        # budget counts the study's distinct points (a re-proposed point is told again but uses
+        # none); whether any is left to measure depends on what the sweeps of the first runs
+        # covered of this 12-point space, so the rerun's own work is asserted, not its count.
         study = optuna.load_study(study_name=STUDY, storage=url)
-        trials = len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) + 2
+        done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        trials = len({t.user_attrs.get("point", t.number) for t in done}) + 2
         rerun = profile(hosts["a"], *_args(url, trials))
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
         finished = _finished(url)
         assert len(finished) == len(set(finished))  # no point measured twice
         measured = _checkpointed(hosts["a"]) + _checkpointed(hosts["b"])
         assert measured == len(finished)  # every measurement taken is one finished point
-        assert results(hosts["a"] / "EXP")["stats"]["measured"] >= 1
+        stats = results(hosts["a"] / "EXP")["stats"]
+        assert stats["reused"] + stats["shared"] >= 1  # its baseline, finished, was not remeasured
 
         # one report, from b's folder (b ended first), shows every process's points
         report = subprocess.run([sys.executable, "-m", "analyzer", "report", "-e", "EXP"],
                                 cwd=hosts["b"], capture_output=True, text=True,
                                 timeout=300)  # fmt: skip
         assert report.returncode == 0, report.stdout + report.stderr
-        assert "merged into the results" in report.stdout
+        if stats["measured"]:  # a's new points are not in b's results yet
+            assert "merged into the results" in report.stdout
         document = results(hosts["b"] / "EXP")
         points = [m for c in document["models"][0]["configs"] for m in c["measurements"]]
         assert len(points) == len(finished)

@@ -75,7 +75,8 @@ def test_plain_grpc_to_a_tls_endpoint_fails(tls_worker):
 def test_nvidia_perf_analyzer_speaks_tls_to_the_worker(tls_worker, certs, tmp_path):
     run = subprocess.run([str(PERF_ANALYZER), "-m", "add_sub", "-u", tls_worker.grpc, "-i",
                           "grpc", "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file",
-                          str(certs["server"]), "-p", "300", "-f", str(tmp_path / "pa.csv")],
+                          str(certs["server"]), "-p", "300", "-s", "100", "-r", "30",
+                          "-f", str(tmp_path / "pa.csv")],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "throughput:" in run.stdout

@@ -241,8 +241,11 @@ def _print_notes(console: Console, model: ModelOutcome, measured: list[ConfigRes
     """Under the table: the Pareto front, and per top config what to distrust in its numbers."""
     if model.pareto:
         front = [r.name for r in measured if r.pareto]
+        # first unless the final comparison recommended a config one search point dominates
+        first = all(r.pareto for r in measured[: len(front)])
+        where = "ranked first" if first else "ranked after the recommendation"
         console.print(f"  * on the Pareto front of {', '.join(model.pareto)}: "
-                      f"{len(front)} config(s), ranked first: {', '.join(front)}")  # fmt: skip
+                      f"{len(front)} config(s), {where}: {', '.join(front)}")  # fmt: skip
     for r in top:
         if r.violations:
             console.print(f"  [yellow]{r.name} breaks {'; '.join(r.violations)}[/]")

@@ -11,7 +11,9 @@ mean of its rounds instead, and the finalists rank before the configs known from
 With several objectives searched as such (optuna_objectives: e.g. throughput vs p99 latency vs GPU
 memory) there is no single best; the configs with a point on the Pareto front -- no other point
 meeting the constraints is at least as good on every objective and better on one -- rank before
-the dominated ones, each group by the weighted score.
+the dominated ones (finalists first within each group), each group by the weighted score. A
+finalist's point on that front is the mean of its rounds too: the default config, always a
+finalist, may be dominated there, and then it ranks after the front.
 """
 
 from __future__ import annotations
@@ -126,17 +128,32 @@ class Ranker:
             r.satisfies = bool(passing)
             r.violations = [] if passing else self.violations(r.best)
             r.score = self.score(r.best, tags)
-        front = self.pareto_front([(r, m) for r in measured for m in r.measurements])
+        evidence = {id(r): self.evidence(r) for r in measured}
+        front = self.pareto_front([(r, m) for r in measured for m in evidence[id(r)]])
         for r in measured:
-            r.pareto = any(id(m) in front for m in r.measurements)
-        ordered = sorted(measured, key=lambda r: (not r.satisfies, r.final is None, not r.pareto,
+            r.pareto = any(id(m) in front for m in evidence[id(r)])
+        ordered = sorted(measured, key=lambda r: (not r.satisfies, not r.pareto, r.final is None,
                                                   -r.score))  # fmt: skip
         failed = [r for r in results if not r.measurements]
         for i, r in enumerate(ordered, 1):
             r.rank = i
         return ordered + failed
 
-    def pareto_front(self, points: list[tuple[ConfigResult, Measurement]]) -> set[int]:
+    @staticmethod
+    def evidence(r: ConfigResult) -> list[Measurement]:
+        """What a config is judged by: the mean of its final rounds, or its search points."""
+        return [r.final.combined] if r.final is not None else r.measurements
+
+    def dominated_finalists(self, finals: dict[str, FinalResult]) -> set[str]:
+        """With Pareto objectives, the finalists another finalist's rounds beat on every one of
+        them (at least as good on each, better on one): none of these is recommended."""
+        if not self.pareto:
+            return set()
+        front = self.pareto_front([(None, f.combined) for f in finals.values()])
+        return {name for name, f in finals.items() if id(f.combined) not in front
+                and any(f.combined.metric(t) is not None for t in self.pareto)}  # fmt: skip
+
+    def pareto_front(self, points: list[tuple[ConfigResult | None, Measurement]]) -> set[int]:
         """ids of the measurements on the Pareto front of the `pareto` objectives, among the
         points that meet the constraints (all points when none does)."""
         tags = [t for t in self.pareto
