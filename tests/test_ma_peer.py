@@ -48,6 +48,9 @@ def ma_profile(tmp_path: Path, repo: Path, settings: dict) -> dict[str, list[dic
         "perf_analyzer_path": str(PERF_ANALYZER),
         "concurrency": [1],
         "profile_models": {model: {"cpu_only": True} for model in MODELS},
+        # what is tested is MA driving our worker, not a quiet machine: perf_analyzer's
+        # stability rule would retry windows (and MA double them) while other tests run
+        "perf_analyzer_flags": {"stability-percentage": 100},
         **settings,
     }))  # fmt: skip
     done = subprocess.run([str(PEER), "profile", "-f", str(config)], cwd=tmp_path,

@@ -50,13 +50,17 @@ def test_plan_prints_replicas_per_config(profiled: Path):
     assert run.returncode == 0, run.stdout + run.stderr
     plan = json.loads((profiled / "EXP" / "results" / "plan.json").read_text())
     rows = plan["models"]["tiny_cnn"]
-    assert rows and all(r["feasible"] for r in rows)
+    feasible = [r for r in rows if r["feasible"]]
+    assert feasible and rows[: len(feasible)] == feasible  # the feasible first
     for row in rows:
         assert row["config"] in run.stdout
+    for row in feasible:
         assert row["p99_ms"] <= 50
         assert row["replicas"] == math.ceil(20000 * 1.2 / row["throughput"])
         assert row["cost_per_hour"] == pytest.approx(row["cores"] * 0.05)
-    assert [r["cost_per_hour"] for r in rows] == sorted(r["cost_per_hour"] for r in rows)
+    for row in rows[len(feasible):]:  # on a loaded machine a config's every point may be slower
+        assert "no point within the 50 ms budget" in row["note"], row
+    assert [r["cost_per_hour"] for r in feasible] == sorted(r["cost_per_hour"] for r in feasible)
     assert f"tiny_cnn: {rows[0]['replicas']} replica(s) of {rows[0]['config']}" in run.stdout
     summary = profiled / "EXP" / "reports" / "summaries" / "tiny_cnn" / "result_summary.html"
     assert 'id="plan-table"' in summary.read_text()
