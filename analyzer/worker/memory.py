@@ -29,7 +29,7 @@ def tune_malloc() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    ok = mallopt(M_MMAP_THRESHOLD, _LIMIT) == 1 and mallopt(M_TRIM_THRESHOLD, _LIMIT) == 1
+    ok = bool(mallopt(M_MMAP_THRESHOLD, _LIMIT) == 1 and mallopt(M_TRIM_THRESHOLD, _LIMIT) == 1)
     if not ok:
         log.info("mallopt refused the worker's malloc thresholds")
     return ok

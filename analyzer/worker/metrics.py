@@ -13,6 +13,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
 
 import psutil
 
@@ -154,11 +156,11 @@ def _gpu_lines() -> list[str]:
         return []
     rows = []
     for d in nv.devices:
-        mem = _try_obj(lambda d=d: nv.memory(d))
-        util = _try(lambda d=d: nv.utilization_pct(d) / 100.0)
-        power = _try(lambda d=d: nv.power_w(d))
-        limit = _try(lambda d=d: nv.power_limit_w(d))
-        energy = _try(lambda d=d: nv.energy_j(d))
+        mem = _try_obj(partial(nv.memory, d))  # each called here, with this d
+        util = _try(partial(nv.utilization_pct, d)) / 100.0
+        power = _try(partial(nv.power_w, d))
+        limit = _try(partial(nv.power_limit_w, d))
+        energy = _try(partial(nv.energy_j, d))
         used, total = mem if mem is not None else (0, 0)
         rows.append((escape_label(d.uuid), [util, total, used, power, limit, energy]))
     lines = []
@@ -167,14 +169,14 @@ def _gpu_lines() -> list[str]:
     return lines
 
 
-def _try_obj(fn):
+def _try_obj(fn: Callable[[], tuple[int, int]]) -> tuple[int, int] | None:
     try:
         return fn()
     except Exception:
         return None
 
 
-def _try(fn) -> float:
+def _try(fn: Callable[[], float]) -> float:
     try:
         return float(fn())
     except Exception:
@@ -195,7 +197,7 @@ class MetricsServer:
 
     def start(self) -> int:
         """Listen and serve; returns the bound port. Raises OSError if the port is taken."""
-        started: dict = {}
+        started: dict[str, Any] = {}
         ready = threading.Event()
         self.thread = threading.Thread(
             target=self._run, args=(started, ready), name="metrics", daemon=True
@@ -205,9 +207,9 @@ class MetricsServer:
         if "error" in started:
             self.thread.join()
             raise started["error"]
-        return started["port"]
+        return int(started["port"])
 
-    def _run(self, started: dict, ready: threading.Event) -> None:
+    def _run(self, started: dict[str, Any], ready: threading.Event) -> None:
         loop = self.loop = asyncio.new_event_loop()
         try:
             self.server = loop.run_until_complete(
@@ -218,7 +220,8 @@ class MetricsServer:
             ready.set()
             loop.close()
             return
-        started["port"] = self.server.sockets[0].getsockname()[1]
+        sockets = getattr(self.server, "sockets", None) or ()  # asyncio's and uvloop's servers
+        started["port"] = list(sockets)[0].getsockname()[1]
         ready.set()
         try:
             loop.run_forever()

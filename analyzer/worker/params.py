@@ -12,7 +12,7 @@ from typing import Any
 from analyzer.worker.errors import InferError
 
 
-def _parse_json(body) -> dict:
+def _parse_json(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     try:
         data = json.loads(bytes(body))
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an int over 4300 digits
@@ -28,10 +28,14 @@ def show_value(value: Any) -> str:
     """A client's value for an error message, short enough to stay one line."""
     if isinstance(value, str | int | float | None):
         return json.dumps(value)[:64]
-    return {list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
-def _object(value: Any, what: str) -> dict:
+def _object(value: Any, what: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -39,14 +43,14 @@ def _object(value: Any, what: str) -> dict:
     return value
 
 
-def flag_param(params: dict, key: str) -> bool:
+def flag_param(params: dict[str, Any], key: str) -> bool:
     value = params.get(key, False)
     if not isinstance(value, bool):
         raise InferError(f"parameter '{key}' must be true or false, got {show_value(value)}")
     return value
 
 
-def natural_param(params: dict, key: str) -> int:
+def natural_param(params: dict[str, Any], key: str) -> int:
     value = params.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InferError(
@@ -55,7 +59,7 @@ def natural_param(params: dict, key: str) -> int:
     return value
 
 
-def sequence_param(params: dict) -> int | str:
+def sequence_param(params: dict[str, Any]) -> int | str:
     value = params.get("sequence_id", 0)
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise InferError(
@@ -67,7 +71,7 @@ def sequence_param(params: dict) -> int | str:
 SEQUENCE_START, SEQUENCE_END = 1, 2  # Triton's request flags
 
 
-def sequence_flags(params: dict) -> int:
+def sequence_flags(params: dict[str, Any]) -> int:
     """The request's sequence flags from 'sequence_start' and 'sequence_end' (booleans)."""
     flags = 0
     for key, bit in (("sequence_start", SEQUENCE_START), ("sequence_end", SEQUENCE_END)):

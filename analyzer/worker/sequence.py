@@ -59,13 +59,13 @@ def controls_of(config: ModelConfig) -> list[Control]:
                 out.append(Control(spec.name, control.kind, wire))
             elif control.int32_false_true:
                 out.append(Control(spec.name, control.kind, "INT32",
-                                   tuple(control.int32_false_true)))  # type: ignore[arg-type]
+                                   tuple(control.int32_false_true)))
             elif control.fp32_false_true:
                 out.append(Control(spec.name, control.kind, "FP32",
-                                   tuple(control.fp32_false_true)))  # type: ignore[arg-type]
+                                   tuple(control.fp32_false_true)))
             elif control.bool_false_true:
                 out.append(Control(spec.name, control.kind, "BOOL",
-                                   tuple(control.bool_false_true)))  # type: ignore[arg-type]
+                                   tuple(control.bool_false_true)))
             else:
                 raise ValueError(f"model '{config.name}': control input '{spec.name}' gives "
                                  "no int32_false_true, fp32_false_true or bool_false_true")
@@ -171,8 +171,8 @@ class SequenceScheduler:
                 on = {Kind.CONTROL_SEQUENCE_START: request.flags & SEQUENCE_START,
                       Kind.CONTROL_SEQUENCE_END: request.flags & SEQUENCE_END,
                       Kind.CONTROL_SEQUENCE_READY: True}.get(control.kind, False)  # fmt: skip
-                value = control.false_true[1 if on else 0]
-                array = np.full(lead + (1,), value, dtype=WIRE_TO_NUMPY[control.wire])
+                signal = control.false_true[1 if on else 0]
+                array = np.full(lead + (1,), signal, dtype=WIRE_TO_NUMPY[control.wire])
             request.inputs[control.name] = array
             request.wire_types[control.name] = control.wire
 

@@ -17,6 +17,7 @@ import mmap
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from analyzer.worker.errors import InferError, Status
 
@@ -35,7 +36,7 @@ class Region:
     byte_size: int
     map: mmap.mmap
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
                 "byte_size": self.byte_size}  # fmt: skip
 
@@ -97,7 +98,7 @@ class SharedMemoryRegistry:
         for region in gone:
             region.map.close()
 
-    def status(self, name: str = "") -> list[dict]:
+    def status(self, name: str = "") -> list[dict[str, Any]]:
         with self._lock:
             if name and name not in self._regions:
                 raise InferError(f"Unable to find system shared memory region: '{name}'",
@@ -139,7 +140,7 @@ class SharedMemoryRegistry:
         self.unregister()
 
 
-def region_params(params: dict, what: str) -> tuple[str, int, int] | None:
+def region_params(params: dict[str, Any], what: str) -> tuple[str, int, int] | None:
     """(region, offset, byte_size) when an input's or output's parameters name a region."""
     name = params.get("shared_memory_region")
     if name is None:

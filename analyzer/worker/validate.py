@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tritonclient.grpc import model_config_pb2
 
 from analyzer.config.model_config import ModelConfig
@@ -91,7 +93,9 @@ class RequestValidator:
                     )
 
 
-def check_once(validator: RequestValidator, request: InferRequest, verdicts: dict) -> None:
+def check_once(
+    validator: RequestValidator, request: InferRequest, verdicts: dict[RequestValidator, int]
+) -> None:
     """Check a request whose layout repeats: a pure validator's verdict is kept in `verdicts`.
 
     `verdicts` maps the validators that accepted this layout to the batch size they found; it
@@ -112,7 +116,7 @@ MAX_VERDICTS = 16
 
 
 def model_type_name(data_type: int) -> str:
-    return model_config_pb2.DataType.Name(data_type)
+    return str(model_config_pb2.DataType.Name(data_type))
 
 
 def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
@@ -121,5 +125,5 @@ def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     return all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
 
 
-def _fmt(shape) -> str:
+def _fmt(shape: Iterable[int]) -> str:
     return "[" + ",".join(str(int(d)) for d in shape) + "]"

@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2
 from analyzer.config.model_config import ModelConfig
 from analyzer.datatypes import config_to_wire, deserialize_bytes_tensor, wire_to_numpy
 from analyzer.repository.repository import RepositoryError, inside
-from analyzer.worker.request import InferRequest
+from analyzer.worker.request import InferRequest, Outputs
 
 WARMUP_FOLDER = "warmup"
 # a config may come from a repository-API load request: what it makes the worker allocate and
@@ -81,7 +81,8 @@ def warmup_samples(config: ModelConfig, model_path: Path) -> list[WarmupSample]:
     return samples
 
 
-def _data(meta, wire: str, dims: list[int], model_path: Path, where: str) -> np.ndarray:
+def _data(meta: model_config_pb2.ModelWarmup.Input, wire: str, dims: list[int],
+          model_path: Path, where: str) -> np.ndarray:  # fmt: skip
     count = int(np.prod(dims)) if dims else 1
     kind = meta.WhichOneof("input_data_type")
     if kind is None:
@@ -121,9 +122,9 @@ def _data(meta, wire: str, dims: list[int], model_path: Path, where: str) -> np.
     return np.frombuffer(content[:needed], dtype=dtype).reshape(dims).copy()
 
 
-def _ignore(outputs, error) -> None:
+def _ignore(outputs: Outputs | None, error: Exception | None) -> None:
     """A warm-up request's answer goes nowhere; the runner checks for errors itself."""
 
 
-def _ignore_response(outputs, error, final) -> None:
+def _ignore_response(outputs: Outputs | None, error: Exception | None, final: bool) -> None:
     """A decoupled model's warm-up responses go nowhere too."""
