@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from analyzer.repository.repository import ModelSource, composing_models
 
 __all__ = ["EnsembleVersion", "check_graph", "composing_models"]
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.request import InferRequest
+from analyzer.worker.request import InferRequest, Outputs
 from analyzer.worker.stats import ModelStats
 from analyzer.worker.validate import RequestValidator, model_type_name
 
@@ -86,7 +86,7 @@ class EnsembleVersion:
             self._running += 1
         _Run(self, request).advance(None)
 
-    def finished(self, request: InferRequest, outputs: dict | None, error: Exception | None,
+    def finished(self, request: InferRequest, outputs: Outputs | None, error: Exception | None,
                  sums: list[int]) -> None:  # fmt: skip
         """One request's answer, counted as Triton counts an ensemble's request."""
         if error is None:
@@ -102,7 +102,7 @@ class EnsembleVersion:
         with self._lock:
             self._closed = True
 
-    def metadata(self, versions: list[int]) -> dict:
+    def metadata(self, versions: list[int]) -> dict[str, Any]:
         from analyzer.worker.model import model_metadata
 
         return model_metadata(self.config, self.name, versions)
@@ -126,12 +126,12 @@ class _Run:
         self.lock = threading.Lock()
         self.sums = [0, 0, 0, 0]  # queue, compute input, infer, output (ns) over the steps
 
-    def advance(self, finished: tuple[Step, InferRequest, dict | None, Exception | None] | None
+    def advance(self, finished: tuple[Step, InferRequest, Outputs | None, Exception | None] | None
                 ) -> None:  # fmt: skip
         """Take a finished step's outputs (if any), then start every step now ready; answer the
         request when nothing is left or a step failed."""
         ready: list[Step] = []
-        answer: tuple[dict | None, Exception | None] | None = None
+        answer: tuple[Outputs | None, Exception | None] | None = None
         with self.lock:
             if self.done:
                 return  # answered already (a step failed): late results are dropped
@@ -160,7 +160,7 @@ class _Run:
         for step in ready:
             self._start(step)
 
-    def _take(self, step: Step, sent: InferRequest, outputs: dict) -> Exception | None:
+    def _take(self, step: Step, sent: InferRequest, outputs: Outputs) -> Exception | None:
         for produced, tensor in step.outputs:
             array = outputs.get(produced)
             if array is None:

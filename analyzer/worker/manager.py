@@ -14,10 +14,12 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from analyzer.config.model_config import ConfigError, model_config_from_json
+from analyzer.config.model_config import ConfigError, ModelConfig, model_config_from_json
 from analyzer.repository.repository import (
     ENSEMBLE,
     ModelSource,
@@ -33,6 +35,8 @@ from analyzer.worker.names import check_model_name
 
 log = logging.getLogger(__name__)
 Served = ModelVersion | EnsembleVersion  # what a loaded model version is, to the protocols
+# a model folder's files as poll mode compares them: (path, size, mtime in ns)
+FolderFiles = tuple[tuple[str, int, int], ...]
 
 CONTROL_MODES = ("none", "explicit", "poll")
 UPLOAD_FLAG = "--allow-model-file-uploads=true"
@@ -40,7 +44,7 @@ UPLOAD_FLAG = "--allow-model-file-uploads=true"
 _CLEAN_ERRORS = (RepositoryError, ConfigError, ValueError, InferError)
 
 
-def make_backend(name: str, models=None) -> Backend:
+def make_backend(name: str, models: ModelManager | None = None) -> Backend:
     """Import backends lazily: a python-only repository never imports torch or onnxruntime."""
     if name == "pytorch":
         from analyzer.worker.backends.torchscript import TorchScriptBackend
@@ -69,7 +73,7 @@ class ModelEntry:
 class ModelManager:
     def __init__(
         self,
-        repository: str | Path,
+        repository: str | Path | list[str] | list[Path],
         control_mode: str = "none",
         allow_file_uploads: bool = False,
         max_instance_count: int = 64,
@@ -84,7 +88,7 @@ class ModelManager:
                              (repository if isinstance(repository, list | tuple) else [repository])]
         self.control_mode = control_mode
         self.auto_complete = auto_complete  # off: --disable-auto-complete-config
-        self._polled: dict[str, tuple] = {}  # poll mode: each model folder's files at last look
+        self._polled: dict[str, FolderFiles] = {}  # poll mode: the files at last look
         self.allow_file_uploads = allow_file_uploads
         self.max_instance_count = max_instance_count
         self._lock = threading.RLock()
@@ -127,8 +131,8 @@ class ModelManager:
                                   + ", ".join(map(str, found)))  # fmt: skip
         return found[0] if found else None
 
-    def _snapshot(self) -> dict[str, tuple]:
-        out: dict[str, tuple] = {}
+    def _snapshot(self) -> dict[str, FolderFiles]:
+        out: dict[str, FolderFiles] = {}
         for repository in self.repositories:
             for name, files in _snapshot(repository).items():
                 out[name] = out.get(name, ()) + files
@@ -166,7 +170,8 @@ class ModelManager:
             self._unload(name, missing_ok=True)
 
     # -- repository API -----------------------------------------------------------------------
-    def load(self, name: str, config_json: str | None = None, files: dict | None = None) -> None:
+    def load(self, name: str, config_json: str | None = None,
+             files: Mapping[str, object] | None = None) -> None:  # fmt: skip
         self._require_explicit()
         check_model_name(name)  # also checked by the protocol layer; the folder depends on it
         if files and not self.allow_file_uploads:
@@ -212,7 +217,7 @@ class ModelManager:
                 Status.UNAVAILABLE,
             )
 
-    def index(self, ready_only: bool = False) -> list[dict]:
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         with self._lock:
             known = dict(self._models)
         try:
@@ -293,7 +298,8 @@ class ModelManager:
         with self._lock:
             return self._name_locks.setdefault(name, threading.Lock())
 
-    def _load(self, name: str, config_json: str | None, files: dict | None) -> None:
+    def _load(self, name: str, config_json: str | None,
+              files: Mapping[str, object] | None) -> None:  # fmt: skip
         override = (
             model_config_from_json(config_json, f"config override for model '{name}'")
             if config_json
@@ -327,7 +333,7 @@ class ModelManager:
             log.info("loaded model '%s' versions %s", name, sorted(new))
 
     def _build_entry(
-        self, name: str, temp_dir: str | None, override
+        self, name: str, temp_dir: str | None, override: ModelConfig | None
     ) -> tuple[dict[int, Served], dict[int, Served]]:
         """Build the new versions while the old ones (if any) keep serving; (new, old)."""
         repository = Path(temp_dir) if temp_dir else self._repository_of(name)
@@ -355,7 +361,7 @@ class ModelManager:
             return backend
 
     def _build(self, repository: Path, name: str,
-               override) -> dict[int, Served]:  # fmt: skip
+               override: ModelConfig | None) -> dict[int, Served]:  # fmt: skip
         source = read_model(repository, name, override)
         if source.backend == ENSEMBLE:
             return self._build_ensemble(source)
@@ -370,8 +376,8 @@ class ModelManager:
                 model.load()
                 built[version] = model
         except BaseException:
-            for model in built.values():
-                model.unload()
+            for loaded in built.values():
+                loaded.unload()
             raise
         return built
 
@@ -428,9 +434,9 @@ class ModelManager:
                     shutil.rmtree(temp, ignore_errors=True)
 
 
-def _snapshot(repository: Path) -> dict[str, tuple]:
+def _snapshot(repository: Path) -> dict[str, FolderFiles]:
     """Each model folder's files (path, size, mtime): what poll mode compares between looks."""
-    out: dict[str, tuple] = {}
+    out: dict[str, FolderFiles] = {}
     for name in list_models(repository):
         files = []
         for root, _, names in os.walk(repository / name):
@@ -454,7 +460,7 @@ def _one_version(source: ModelSource) -> ModelSource:
     return copy
 
 
-def _write_files(name: str, files: dict) -> str:
+def _write_files(name: str, files: Mapping[str, object]) -> str:
     """Repository API 'file:<path>' parameters become a private temporary model folder.
 
     mkdtemp makes the folder 0700; it is removed again if any parameter is refused or unwritable.
@@ -495,7 +501,7 @@ def _upload_target(model_dir: Path, key: str) -> Path:
     return target
 
 
-def _decode_upload(key: str, content) -> bytes:
+def _decode_upload(key: str, content: object) -> bytes:
     """gRPC sends raw bytes; HTTP sends base64 text."""
     if isinstance(content, bytes):
         return content

@@ -12,9 +12,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -23,6 +23,9 @@ from analyzer.worker.http_message import HttpRequest, HttpResponse, Respond, err
 from analyzer.worker.http_server import start_http_server
 from analyzer.worker.limits import Limits
 from analyzer.worker.model import ModelVersion
+
+if TYPE_CHECKING:
+    from analyzer.worker.ensemble import EnsembleVersion
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ def _family(name: str, samples: Iterable[str]) -> list[str]:
     return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *(name + s for s in samples)]
 
 
-def _model_values(model: ModelVersion) -> list[int]:
+def _model_values(model: ModelVersion | EnsembleVersion) -> list[int]:
     s = model.stats.as_dict()
     d = s["inference_stats"]
     return [
@@ -106,7 +109,8 @@ class HostMetrics:
             return self._lines
 
 
-def render_metrics(models: list[ModelVersion], host: HostMetrics | None = None) -> str:
+def render_metrics(models: Sequence[ModelVersion | EnsembleVersion],
+                   host: HostMetrics | None = None) -> str:  # fmt: skip
     lines: list[str] = []
     rows = [
         (f'{{model="{escape_label(m.name)}",version="{m.version}"}} ', _model_values(m))

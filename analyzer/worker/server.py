@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import uvloop
 
@@ -26,12 +27,16 @@ from analyzer.repository.repository import RepositoryError
 from analyzer.tls import ServerTls
 from analyzer.worker import restrict, sched
 from analyzer.worker.http import RestApi
+from analyzer.worker.http_message import Handler
 from analyzer.worker.http_server import start_http_server
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.memory import tune_malloc
 from analyzer.worker.metrics import HostMetrics, MetricsServer, render_metrics
 from analyzer.worker.shm import SharedMemoryRegistry
+
+if TYPE_CHECKING:
+    from analyzer.worker.grpc_server import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +89,10 @@ class Worker:
         )
         self.servers: list[asyncio.AbstractServer] = []
         self.metrics: MetricsServer | None = None
-        self.grpc = None
+        self.grpc: GrpcServer | None = None
         self.api: RestApi | None = None
         self.ports: dict[str, int] = {}
-        self._poller: asyncio.Task | None = None
+        self._poller: asyncio.Task[None] | None = None
         # Triton's system shared-memory regions, one registry for both protocols
         self.shm = SharedMemoryRegistry(max_read_bytes=options.limits.max_input_bytes)
 
@@ -148,10 +153,11 @@ class Worker:
             for line in await loop.run_in_executor(None, self.manager.poll):
                 print(f"error: {line}", file=sys.stderr, flush=True)
 
-    async def _listen(self, name: str, handler, port: int) -> None:
+    async def _listen(self, name: str, handler: Handler, port: int) -> None:
         server = await start_http_server(handler, self.options.host, port, self.options.limits)
         self.servers.append(server)
-        self.ports[name] = server.sockets[0].getsockname()[1]
+        sockets = getattr(server, "sockets", None) or ()  # asyncio's and uvloop's servers
+        self.ports[name] = list(sockets)[0].getsockname()[1]
 
     def ready_line(self) -> str:
         models = ", ".join(
@@ -178,7 +184,8 @@ class Worker:
             await server.wait_closed()
 
 
-def _warn_if_exposed(opts: ServeOptions, http_rules, grpc_rules) -> None:
+def _warn_if_exposed(opts: ServeOptions, http_rules: restrict.Restrictions,
+                     grpc_rules: restrict.Restrictions) -> None:  # fmt: skip
     """Explicit mode on a non-loopback address lets other machines load and unload models."""
     if opts.model_control_mode != "explicit" or _is_loopback(opts.host):
         return
