@@ -7,6 +7,9 @@ dynamic batcher unless the config says otherwise).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2
@@ -62,11 +65,11 @@ class OnnxBackend(Backend):
         return OnnxInstance(source, version, spec)
 
 
-def _dynamic_first(shape) -> bool:
+def _dynamic_first(shape: Sequence[Any]) -> bool:
     return bool(shape) and not isinstance(shape[0], int)
 
 
-def _fill(configured, tensors, skip: int, model: str) -> None:
+def _fill(configured: Any, tensors: Sequence[Any], skip: int, model: str) -> None:
     known = {t.name for t in configured}
     names = {t.name for t in tensors}
     for item in configured:
@@ -93,7 +96,8 @@ class OnnxInstance(TensorInstance):
         options.intra_op_num_threads = spec.cpu_threads
         options.inter_op_num_threads = 1
         if spec.kind == "GPU":
-            providers = [("CUDAExecutionProvider", {"device_id": spec.device_id})]
+            providers: list[str | tuple[str, dict[str, int]]] = [
+                ("CUDAExecutionProvider", {"device_id": spec.device_id})]
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 raise ValueError(
                     f"model '{source.name}': instance {spec.name} is KIND_GPU but this "

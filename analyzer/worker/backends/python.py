@@ -41,12 +41,17 @@ from analyzer.worker.backends.python_stub import (
     write_tensors,
 )
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.request import BatchTiming, InferRequest
+from analyzer.worker.request import BatchTiming, InferRequest, OnDone, Outputs
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120
 FINALIZE_TIMEOUT_S = 10  # a model's finalize() gets this long before its process is killed
 _LOCK_WAIT_S = 2  # a call still running after this long at stop is a hung execute
+
+
+# a message over a stub's pipe: JSON-like fields (tensors travel in shared memory)
+Message = dict[str, Any]
+OnResponse = Callable[[Outputs | None, Exception | None, bool], None]
 
 
 class _Spawner:
@@ -60,7 +65,7 @@ class _Spawner:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def popen(self, *args, **kwargs) -> subprocess.Popen:
+    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
         with self._lock:
             if self._pool is None:
                 # stubs inherit the forking thread's policy: a model's, not the event loop's
@@ -119,18 +124,19 @@ class StubProcess:
         # that finish them, while the call that asked waits in recv
         self.send_lock = threading.Lock()
         # what answers the model's BLS requests during a call (None: the model may send none)
-        self.on_bls: Callable[[dict], None] | None = None
+        self.on_bls: Callable[[Message], None] | None = None
         # what takes a decoupled model's responses, during a call and after its reply
-        self.on_response: Callable[[dict], None] | None = None
+        self.on_response: Callable[[Message], None] | None = None
         with _live_lock:
             _live.add(self)
 
-    def call(self, message: dict, timeout: float | None = None, fd: int | None = None) -> dict:
+    def call(self, message: Message, timeout: float | None = None,
+             fd: int | None = None) -> Message:  # fmt: skip
         """Send `message` (and `fd`, which is closed here); a reply's new arena fd is in 'fd'."""
         with self.lock:
             return self._call(message, timeout, fd)
 
-    def _call(self, message: dict, timeout: float | None, fd: int | None) -> dict:
+    def _call(self, message: Message, timeout: float | None, fd: int | None) -> Message:
         try:
             message["fd"] = fd is not None
             with self.send_lock:
@@ -141,7 +147,7 @@ class StubProcess:
                 if timeout is not None and not self.conn.poll(timeout):
                     raise InferError(f"{self.label} did not answer within {timeout:.0f} s",
                                      Status.INTERNAL)  # fmt: skip
-                reply = self.conn.recv()
+                reply: Message = self.conn.recv()
                 if reply.get("fd"):
                     reply["fd"] = recv_fd(self.sock)
                 if not self._dispatch(reply):
@@ -160,7 +166,7 @@ class StubProcess:
             raise InferError(f"{self.label}: {reply['error']}", status)
         return reply
 
-    def _dispatch(self, message: dict) -> bool:
+    def _dispatch(self, message: Message) -> bool:
         """A message the model sent while a call runs (a BLS request, a decoupled response);
         False for the call's reply."""
         op = message.get("op")
@@ -190,7 +196,7 @@ class StubProcess:
                 raise InferError(f"{self.label} sent '{message.get('op')}' between calls",
                                  Status.INTERNAL)  # fmt: skip
 
-    def _bls(self, message: dict) -> None:
+    def _bls(self, message: Message) -> None:
         if self.on_bls is None:
             discard_fd(message)
             self.reply_bls(message["id"], None, InferError(
@@ -198,7 +204,7 @@ class StubProcess:
             return
         self.on_bls(message)
 
-    def reply_bls(self, number: int, outputs: dict | None, error: Exception | None,
+    def reply_bls(self, number: int, outputs: Outputs | None, error: Exception | None,
                   final: bool = True) -> None:  # fmt: skip
         """Answer BLS request `number` (from any thread); a stub that is gone is not an error.
         `final` False: one response of a decoupled call, more to come."""
@@ -213,7 +219,8 @@ class StubProcess:
                    **fields}  # fmt: skip
         if error is not None:
             message["error"] = str(error)
-            message["code"] = _TRITON_CODES.get(getattr(error, "status", None), 1)
+            status = getattr(error, "status", None)
+            message["code"] = _TRITON_CODES.get(status, 1) if isinstance(status, Status) else 1
         try:
             with self.send_lock:
                 self.conn.send(message)
@@ -406,7 +413,7 @@ class PythonInstance(BackendInstance):
         timing.compute_output_ns = t3 - t2
         return results
 
-    def _response(self, message: dict) -> None:
+    def _response(self, message: Message) -> None:
         """One response of a decoupled model, handed to its request's stream at once."""
         index = message.get("request")
         if not isinstance(index, int) or not 0 <= index < len(self._batch):
@@ -429,7 +436,7 @@ class PythonInstance(BackendInstance):
         if request.on_response is not None and not request.cancelled:
             request.on_response(outputs, error, final)
 
-    def _bls(self, message: dict) -> None:
+    def _bls(self, message: Message) -> None:
         """A BLS request of this model: an ordinary request to the named model (its batcher,
         instances and statistics), answered to the stub when it finishes, on whichever thread
         finishes it. Runs on this instance's runner thread, which waits for execute()."""
@@ -464,7 +471,7 @@ class PythonInstance(BackendInstance):
         except Exception as err:  # a malformed request must not stop the call that sent it
             self.stub.reply_bls(number, None, InferError(f"{type(err).__name__}: {err}"))
 
-    def _bls_answers(self, number: int, decoupled: bool):
+    def _bls_answers(self, number: int, decoupled: bool) -> tuple[OnDone, OnResponse | None]:
         """(on_done, on_response) of a BLS request: one reply; or, for exec(decoupled=True),
         one reply per response, the last flagged final (a model that is not decoupled answers
         once, final)."""
@@ -473,11 +480,11 @@ class PythonInstance(BackendInstance):
             return (lambda outputs, error: reply(number, outputs, error)), None
         ended = [False]
 
-        def on_response(outputs, error, final: bool) -> None:
+        def on_response(outputs: Outputs | None, error: Exception | None, final: bool) -> None:
             ended[0] = ended[0] or final
             reply(number, outputs, error, final=final)
 
-        def on_done(outputs, error) -> None:
+        def on_done(outputs: Outputs | None, error: Exception | None) -> None:
             if not ended[0]:  # a model that is not decoupled, or a failure: the last answer
                 ended[0] = True
                 reply(number, outputs or None, error, final=True)

@@ -17,6 +17,9 @@ import itertools
 import linecache
 import re
 import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,18 +63,21 @@ class TorchScriptBackend(Backend):
 
 
 class TorchScriptInstance(TensorInstance):
-    def __init__(self, source: ModelSource, path, spec: InstanceSpec):
+    def __init__(self, source: ModelSource, path: Path, spec: InstanceSpec) -> None:
         config = source.config
         super().__init__(batched=config.max_batch_size > 0)
         self.spec = spec
         if spec.kind == "GPU":
             self.device = torch.device("cuda", spec.device_id)
-            self.stream = torch.cuda.Stream(device=self.device)
+            self.stream: torch.cuda.Stream | None = torch.cuda.Stream(  # type: ignore[no-untyped-call]
+                device=self.device)
         else:
             self.device = torch.device("cpu")
             self.stream = None
         try:
-            self.module = torch.jit.load(str(path), map_location=self.device).eval()
+            module: torch.jit.ScriptModule = torch.jit.load(  # type: ignore[no-untyped-call]
+                str(path), map_location=self.device)
+            self.module = module.eval()
         except Exception as err:
             raise ValueError(f"model '{source.name}': cannot load {path}: {err}") from None
         self.arg_order = _argument_order(self.module, [i.name for i in config.input], source.name)
@@ -81,7 +87,7 @@ class TorchScriptInstance(TensorInstance):
         ]
         self.output_index = _output_indices([o.name for o in config.output])
         # host tensors in, host tensors out: the module itself on CPU, one call on a GPU
-        self.call = self.module
+        self.call: Callable[..., Any] = self.module
         if self.stream is not None:
             wrapped = device_call(self.module, self.device, len(self.arg_order))
             self.call = wrapped or self._device_steps
@@ -97,12 +103,12 @@ class TorchScriptInstance(TensorInstance):
         with torch.inference_mode():
             return self._collect(self.call(*[torch.from_numpy(inputs[n]) for n in self.arg_order]))
 
-    def _device_steps(self, *args: torch.Tensor):
+    def _device_steps(self, *args: torch.Tensor) -> Any:
         """A module `device_call` cannot wrap: the same steps from Python, on our stream."""
         with torch.cuda.stream(self.stream):
             return self.module(*[a.to(self.device, non_blocking=True) for a in args])
 
-    def _collect(self, result) -> dict[str, np.ndarray]:
+    def _collect(self, result: Any) -> dict[str, np.ndarray]:
         if isinstance(result, torch.Tensor):
             result = (result,)
         outputs: dict[str, np.ndarray] = {}
@@ -119,13 +125,14 @@ class TorchScriptInstance(TensorInstance):
 _GENERATED = itertools.count()
 
 
-def device_call(module, device: torch.device, inputs: int) -> torch.jit.ScriptModule | None:
+def device_call(module: torch.jit.ScriptModule, device: torch.device,
+                inputs: int) -> torch.jit.ScriptModule | None:  # fmt: skip
     """`module` wrapped as one TorchScript call: `inputs` host tensors moved to `device`, the
     model run, every output copied back to host memory; None when the signature does not allow
     it (an argument that is not a tensor, arguments left to defaults, or a result other than a
     tensor, a tuple, list or str-keyed dict of tensors)."""
     try:
-        schema = module.forward.schema
+        schema = module.forward.schema  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError):
         return None
     args = schema.arguments[1:]  # drop self
@@ -164,23 +171,26 @@ def device_call(module, device: torch.device, inputs: int) -> torch.jit.ScriptMo
     # TorchScript compiles from source it reads through linecache: register the generated file
     filename = f"<analyzer device_call {next(_GENERATED)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict = {}
+    namespace: dict[str, Any] = {}
     exec(compile(source, filename, "exec"), namespace)  # our own template, never client input
     try:
         with warnings.catch_warnings():  # torch's deprecation notice, once per instance
             warnings.simplefilter("ignore", DeprecationWarning)
-            return torch.jit.script(namespace["DeviceCall"](module, device))
+            wrapper = namespace["DeviceCall"](module, device)
+            scripted: torch.jit.ScriptModule = torch.jit.script(wrapper)
+            return scripted
     except Exception:  # a module TorchScript cannot call this way keeps the Python steps
         return None
 
 
-def _argument_order(module, names: list[str], model: str) -> list[str]:
+def _argument_order(module: torch.jit.ScriptModule, names: list[str], model: str) -> list[str]:
     """The config input feeding each positional argument of forward()."""
     indexed = {int(m.group(1)): n for n in names if (m := _INDEXED.match(n))}
     if len(indexed) == len(names):
         return [indexed[i] for i in sorted(indexed)]
     try:
-        args = [a.name for a in module.forward.schema.arguments][1:]  # drop self
+        schema = module.forward.schema  # type: ignore[attr-defined]
+        args = [a.name for a in schema.arguments][1:]  # drop self
     except (AttributeError, RuntimeError):
         return names
     missing = [n for n in names if n not in args]
