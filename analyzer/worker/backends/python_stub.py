@@ -27,8 +27,10 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,7 +38,10 @@ PB_UTILS_DIR = Path(__file__).resolve().parent / "pb_utils"
 if str(PB_UTILS_DIR) not in sys.path:
     sys.path.insert(0, str(PB_UTILS_DIR))
 
-import triton_python_backend_utils as pb_utils  # noqa: E402
+if TYPE_CHECKING:  # the same module the models import by its top-level name
+    from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb_utils
+else:
+    import triton_python_backend_utils as pb_utils
 
 from analyzer.datatypes import (  # noqa: E402
     WIRE_TO_NUMPY,
@@ -46,6 +51,10 @@ from analyzer.datatypes import (  # noqa: E402
 )
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# a message over the channel to the worker: JSON-like fields (tensors travel in the arenas)
+Message = dict[str, Any]
+# where a tensor lies in an arena: (name, wire type, shape, offset, size)
+Placed = tuple[str, str, tuple[int, ...], int, int]
 SHM_DIR_ENV = "MODEL_ANALYZER_SHM_DIR"
 _MIN_ARENA = 1 << 20
 
@@ -135,6 +144,12 @@ class ShmArena:
         self.close()
         self.map, self.size = mapping, size
 
+    def mapped(self) -> mmap.mmap:
+        """The mapping, which a closed arena has not."""
+        if self.map is None:
+            raise RuntimeError("the shared-memory arena is closed")
+        return self.map
+
     def close(self) -> None:
         if self.map is not None:
             try:
@@ -147,7 +162,7 @@ class ShmArena:
 
 def write_tensors(
     arena: ShmArena, arrays: list[tuple[str, np.ndarray]]
-) -> tuple[list[tuple], int | None]:
+) -> tuple[list[Placed], int | None]:
     """Lay tensors out back to back (64-byte aligned).
 
     Returns (name, wire, shape, offset, size) per tensor, and the fd of a new file if the arena
@@ -167,7 +182,7 @@ def write_tensors(
     layout, offset = [], 0
     for name, wire, shape, data in blobs:
         n = len(data)
-        arena.map[offset : offset + n] = data if isinstance(data, bytes) else data.tobytes()
+        arena.mapped()[offset : offset + n] = data if isinstance(data, bytes) else data.tobytes()
         layout.append((name, wire, shape, offset, n))
         offset += _align(n)
     return layout, fd
@@ -190,8 +205,9 @@ def recv_fd(sock: socket.socket) -> int:
     return fds[0]
 
 
-def read_tensor(arena: ShmArena, wire: str, shape, offset: int, size: int) -> np.ndarray:
-    view = memoryview(arena.map)[offset : offset + size]
+def read_tensor(arena: ShmArena, wire: str, shape: Sequence[int], offset: int,
+                size: int) -> np.ndarray:  # fmt: skip
+    view = memoryview(arena.mapped())[offset : offset + size]
     if wire == "BYTES":
         return tensor_from_bytes(view, wire, tuple(shape))
     return np.frombuffer(view, dtype=WIRE_TO_NUMPY[wire]).reshape(shape)
@@ -207,7 +223,7 @@ def _align(n: int) -> int:
 BLS_INLINE_BYTES = 64 << 10
 
 
-def pack_tensors(arrays: list[tuple[str, np.ndarray]]) -> tuple[dict, int | None]:
+def pack_tensors(arrays: list[tuple[str, np.ndarray]]) -> tuple[Message, int | None]:
     """Message fields holding `arrays` ('tensors' layout, and 'inline' bytes or an fd to send)."""
     blobs = []
     for name, array in arrays:
@@ -236,7 +252,7 @@ def pack_tensors(arrays: list[tuple[str, np.ndarray]]) -> tuple[dict, int | None
     return {"tensors": layout, "inline": None, "size": total}, fd
 
 
-def unpack_tensors(message: dict) -> dict[str, np.ndarray]:
+def unpack_tensors(message: Message) -> dict[str, np.ndarray]:
     """The arrays of a message made by `pack_tensors` (its fd, if any, already received and
     closed here): writable views of the inline bytes or of the mapped file, no copy."""
     fd = message.get("fd")
@@ -256,13 +272,13 @@ def unpack_tensors(message: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def discard_fd(message: dict) -> None:
+def discard_fd(message: Message) -> None:
     fd = message.get("fd")
     if isinstance(fd, int) and not isinstance(fd, bool):
         os.close(fd)
 
 
-def load_model_class(model_file: str):
+def load_model_class(model_file: str) -> Any:
     spec = importlib.util.spec_from_file_location("model", model_file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {model_file}")
@@ -279,19 +295,19 @@ class BlsClient:
     the stub's channel during execute(); the worker runs each on the named model's own scheduler
     and answers with a `bls_reply` carrying the same id. Replies may come in any order."""
 
-    def __init__(self, conn: Connection, sock: socket.socket, send_lock: threading.Lock):
+    def __init__(self, conn: Connection, sock: socket.socket, send_lock: threading.Lock) -> None:
         self.conn = conn
         self.sock = sock
         self.send_lock = send_lock
         self.next_id = 0
-        self.replies: dict[int, dict] = {}  # arrived, not yet taken
-        self.futures: dict[int, asyncio.Future] = {}  # async_exec() calls waiting
+        self.replies: dict[int, Message] = {}  # arrived, not yet taken
+        self.futures: dict[int, asyncio.Future[Message]] = {}  # async_exec() calls waiting
         self.abandoned: set[int] = set()  # timed out: their late replies are dropped
         # exec(decoupled=True) calls: their responses as they arrive (async: a queue)
-        self.streams: dict[int, deque[dict] | asyncio.Queue[dict]] = {}
+        self.streams: dict[int, deque[Message] | asyncio.Queue[Message]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None  # watching the channel, when async
 
-    def send(self, request, decoupled: bool = False) -> int:
+    def send(self, request: pb_utils.InferenceRequest, decoupled: bool = False) -> int:
         self.next_id += 1
         number = self.next_id
         fields, fd = pack_tensors([(t.name(), t.as_numpy()) for t in request.inputs()])
@@ -307,7 +323,7 @@ class BlsClient:
             send_fd(self.sock, fd)
         return number
 
-    def call(self, request) -> pb_utils.InferenceResponse:
+    def call(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         """exec(): send, then read the channel until this call's reply (others are kept)."""
         number = self.send(request)
         timeout = _seconds(request)
@@ -320,15 +336,17 @@ class BlsClient:
             self.read_one()
         return _response(self.replies.pop(number))
 
-    def call_decoupled(self, request):
+    def call_decoupled(
+        self, request: pb_utils.InferenceRequest
+    ) -> Iterator[pb_utils.InferenceResponse]:
         """exec(decoupled=True): an iterator over the responses as they come; the last one is
         the final flag (an empty response when the model sent the flag alone)."""
         number = self.send(request, decoupled=True)
-        stream: deque[dict] = deque()
+        stream: deque[Message] = deque()
         self.streams[number] = stream
         timeout = _seconds(request)
 
-        def responses():
+        def responses() -> Iterator[pb_utils.InferenceResponse]:
             try:
                 while True:
                     while not stream:
@@ -346,16 +364,18 @@ class BlsClient:
 
         return responses()
 
-    async def call_async_decoupled(self, request):
+    async def call_async_decoupled(
+        self, request: pb_utils.InferenceRequest
+    ) -> AsyncIterator[pb_utils.InferenceResponse]:
         """async_exec(decoupled=True): an async iterator over the responses as they come."""
         loop = asyncio.get_running_loop()
         number = self.send(request, decoupled=True)
-        queue: asyncio.Queue[dict] = asyncio.Queue()
+        queue: asyncio.Queue[Message] = asyncio.Queue()
         self.streams[number] = queue
         self._watch(loop)
         timeout = _seconds(request)
 
-        async def responses():
+        async def responses() -> AsyncIterator[pb_utils.InferenceResponse]:
             try:
                 while True:
                     try:
@@ -372,11 +392,11 @@ class BlsClient:
 
         return responses()
 
-    async def call_async(self, request) -> pb_utils.InferenceResponse:
+    async def call_async(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         """async_exec(): send, then wait on a future the channel's reader resolves."""
         loop = asyncio.get_running_loop()
         number = self.send(request)
-        future = loop.create_future()
+        future: asyncio.Future[Message] = loop.create_future()
         self.futures[number] = future
         self._watch(loop)
         timeout = _seconds(request)
@@ -404,7 +424,7 @@ class BlsClient:
             message["fd"] = recv_fd(self.sock)
         self.take(message)
 
-    def take(self, message: dict) -> None:
+    def take(self, message: Message) -> None:
         """A reply, stored for its caller or handed to its future; any other message here is
         the worker breaking the protocol."""
         if message.get("op") != "bls_reply":
@@ -436,19 +456,19 @@ class BlsClient:
             self.loop = None
 
 
-def _response(reply: dict) -> pb_utils.InferenceResponse:
+def _response(reply: Message) -> pb_utils.InferenceResponse:
     if reply.get("error") is not None:
         return _error_response(reply["error"], reply.get("code", pb_utils.TritonError.INTERNAL))
     return pb_utils.InferenceResponse(
         output_tensors=[pb_utils.Tensor(n, a) for n, a in reply["arrays"].items()])
 
 
-def _seconds(request) -> float | None:
+def _seconds(request: pb_utils.InferenceRequest) -> float | None:
     """A BLS request's timeout (microseconds in the API), None for none."""
     return request._timeout / 1e6 if request._timeout > 0 else None
 
 
-def _timed_out(request) -> pb_utils.InferenceResponse:
+def _timed_out(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
     text = f"BLS request to model '{request._model_name}' timed out after {request._timeout} us"
     return _error_response(text, pb_utils.TritonError.UNAVAILABLE)
 
@@ -458,10 +478,10 @@ def _error_response(message: str, code: int) -> pb_utils.InferenceResponse:
 
 
 class Stub:
-    def __init__(self, conn: Connection, sock: socket.socket):
+    def __init__(self, conn: Connection, sock: socket.socket) -> None:
         self.conn = conn
         self.sock = sock  # the same channel, for passing arena fds
-        self.model = None
+        self.model: Any = None  # the repository's TritonPythonModel, once initialized
         self.inputs = ShmArena()  # written by the worker, mapped here from the fd it sends
         self.outputs = ShmArena()  # written here, mapped by the worker
         # every message out: replies, BLS requests and a decoupled model's responses, which
@@ -503,7 +523,7 @@ class Stub:
                 break
         self.outputs.close()
 
-    def op_auto_complete(self, message: dict) -> dict:
+    def op_auto_complete(self, message: Message) -> Message:
         cls = load_model_class(message["model_file"])
         config = pb_utils.ModelConfig(json.loads(message["config"]))
         if hasattr(cls, "auto_complete_config"):
@@ -511,7 +531,7 @@ class Stub:
             config = result if result is not None else config
         return {"config": json.dumps(config.as_dict())}
 
-    def op_initialize(self, message: dict) -> dict:
+    def op_initialize(self, message: Message) -> Message:
         cls = load_model_class(message["model_file"])
         self.model = cls()
         config = json.loads(message["args"]["model_config"])
@@ -520,7 +540,7 @@ class Stub:
             self.model.initialize(message["args"])
         return {"ok": True, "pid": os.getpid()}
 
-    def op_execute(self, message: dict) -> dict:
+    def op_execute(self, message: Message) -> Message:
         if message.get("fd"):
             self.inputs.adopt(message["fd"], message["shm_size"])
         elif message["shm_size"] != self.inputs.size:
@@ -537,7 +557,8 @@ class Stub:
             finally:
                 self.bls.stop_watching()
         responses = self._responses(requests, result)
-        outputs, errors = [], []
+        outputs: list[list[tuple[str, np.ndarray]] | None] = []
+        errors: list[str | None] = []
         for response in responses:
             if response is None or response.has_error():
                 err = response.error() if response is not None else None
@@ -555,7 +576,7 @@ class Stub:
             i += n
         return {"shm_size": self.outputs.size, "outputs": per_request, "errors": errors, "fd": fd}
 
-    def _execute_decoupled(self, requests: list) -> dict:
+    def _execute_decoupled(self, requests: list[pb_utils.InferenceRequest]) -> Message:
         """A decoupled model answers through its requests' senders, each response sent to the
         worker as it comes; the reply lists the requests still open (their final flag will
         follow, from the model's threads)."""
@@ -574,9 +595,9 @@ class Stub:
                 "request.get_response_sender()")  # fmt: skip
         return {"decoupled": True}
 
-    def _emit(self, index: int, response, final: bool) -> None:
+    def _emit(self, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
         """One response of request `index` of the current call, sent now (any thread)."""
-        fields: dict = {}
+        fields: Message = {}
         fd = None
         error = None
         if response is not None:
@@ -598,7 +619,7 @@ class Stub:
             self.conn.send(message)
             send_fd(self.sock, fd)
 
-    def _request(self, spec: dict):
+    def _request(self, spec: Message) -> pb_utils.InferenceRequest:
         inputs = [
             pb_utils.Tensor(name, read_tensor(self.inputs, wire, shape, offset, size))
             for name, wire, shape, offset, size in spec["inputs"]
@@ -614,21 +635,22 @@ class Stub:
         )
 
     @staticmethod
-    def _responses(requests, result) -> list:
+    def _responses(requests: list[pb_utils.InferenceRequest],
+                   result: Any) -> list[pb_utils.InferenceResponse | None]:  # fmt: skip
         if result is None:  # the model answered through response senders
-            out = []
+            out: list[pb_utils.InferenceResponse | None] = []
             for request in requests:
                 sender = request._sender
                 out.append(sender.responses[0] if sender and len(sender.responses) == 1 else None)
             return out
-        result = list(result)
-        if len(result) != len(requests):
+        responses: list[pb_utils.InferenceResponse | None] = list(result)
+        if len(responses) != len(requests):
             raise pb_utils.TritonModelException(
-                f"execute() returned {len(result)} responses for {len(requests)} requests"
+                f"execute() returned {len(responses)} responses for {len(requests)} requests"
             )
-        return result
+        return responses
 
-    def op_finalize(self, message: dict) -> dict:
+    def op_finalize(self, message: Message) -> Message:
         if self.model is not None and hasattr(self.model, "finalize"):
             self.model.finalize()
         return {"ok": True}

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -41,11 +43,11 @@ _WIRE_CODES = {
 }  # fmt: skip
 
 
-def triton_string_to_numpy(triton_type_string: str):
+def triton_string_to_numpy(triton_type_string: str) -> Any:
     return _TRITON_TO_NUMPY[triton_type_string]
 
 
-def numpy_to_triton_string(dtype) -> str:
+def numpy_to_triton_string(dtype: DTypeLike) -> str:
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):
         return "TYPE_STRING"
@@ -55,11 +57,11 @@ def numpy_to_triton_string(dtype) -> str:
     raise ValueError(f"numpy dtype {dtype} has no Triton type")
 
 
-def _wire_of(dtype) -> str:
+def _wire_of(dtype: DTypeLike) -> str:
     return numpy_to_triton_string(dtype).removeprefix("TYPE_").replace("STRING", "BYTES")
 
 
-def triton_to_numpy_type(data_type: int):
+def triton_to_numpy_type(data_type: int) -> Any:
     for wire, code in _WIRE_CODES.items():
         if code == data_type:
             name = "TYPE_STRING" if wire == "BYTES" else f"TYPE_{wire}"
@@ -67,7 +69,7 @@ def triton_to_numpy_type(data_type: int):
     return None
 
 
-def numpy_to_triton_type(data_type) -> int | None:
+def numpy_to_triton_type(data_type: DTypeLike) -> int | None:
     try:
         return _WIRE_CODES[_wire_of(data_type)]
     except ValueError:
@@ -85,7 +87,7 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
     return np.frombuffer(b"".join(parts), dtype=np.uint8)
 
 
-def deserialize_bytes_tensor(encoded_tensor) -> np.ndarray:
+def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     data = bytes(encoded_tensor)
     items, offset = [], 0
     while offset < len(data):
@@ -108,7 +110,7 @@ class TritonError(Exception):
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
-    def __init__(self, message: str, code: int = INTERNAL):
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
         super().__init__(message)
         self._message = message
         self._code = code
@@ -125,13 +127,13 @@ class TritonModelException(Exception):
 
 
 class Tensor:
-    def __init__(self, name: str, data):
+    def __init__(self, name: str, data: Any) -> None:
         if not isinstance(data, np.ndarray):
             data = np.asarray(data)
         if data.dtype.kind in ("U", "S"):
             data = data.astype(np.object_)
         self._name = name
-        self._array = data
+        self._array: np.ndarray = data
 
     def name(self) -> str:
         return self._name
@@ -148,11 +150,11 @@ class Tensor:
     def is_cpu(self) -> bool:
         return True
 
-    def to_dlpack(self):
+    def to_dlpack(self) -> Any:
         return self._array.__dlpack__()
 
     @staticmethod
-    def from_dlpack(name: str, dlpack_tensor) -> Tensor:
+    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
         if hasattr(dlpack_tensor, "__dlpack__"):
             return Tensor(name, np.from_dlpack(dlpack_tensor))
         import torch.utils.dlpack
@@ -161,7 +163,8 @@ class Tensor:
 
 
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
+    def __init__(self, output_tensors: Iterable[Tensor] | None = None,
+                 error: TritonError | None = None, parameters: Any = None) -> None:  # fmt: skip
         self._outputs = list(output_tensors or [])
         self._error = error
         self._parameters = parameters or {}
@@ -181,7 +184,8 @@ class InferenceResponseSender:
     once, from any thread, during execute() or after it (`emit`, set by the stub); a model that
     is not decoupled sends one, which the stub returns when execute() does."""
 
-    def __init__(self, emit=None) -> None:
+    def __init__(self, emit: Callable[[InferenceResponse | None, bool], None] | None = None
+                 ) -> None:  # fmt: skip
         self.responses: list[InferenceResponse] = []
         self.closed = False
         self._emit = emit  # (response or None, final) -> None
@@ -213,15 +217,15 @@ class InferenceRequest:
         self,
         request_id: str = "",
         correlation_id: int | str = 0,
-        inputs=None,
-        requested_output_names=None,
+        inputs: Iterable[Tensor] | None = None,
+        requested_output_names: Iterable[str] | None = None,
         model_name: str = "",
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
-        parameters=None,
-        **_ignored,
-    ):
+        parameters: Any = None,
+        **_ignored: Any,
+    ) -> None:
         self._id = request_id
         self._correlation_id = correlation_id
         self._inputs = list(inputs or [])
@@ -234,7 +238,8 @@ class InferenceRequest:
             parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         )
         self._sender: InferenceResponseSender | None = None
-        self._emit = None  # set by the stub for a decoupled model's requests
+        # set by the stub for a decoupled model's requests
+        self._emit: Callable[[InferenceResponse | None, bool], None] | None = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -242,7 +247,7 @@ class InferenceRequest:
     def request_id(self) -> str:
         return self._id
 
-    def correlation_id(self):
+    def correlation_id(self) -> int | str:
         return self._correlation_id
 
     def flags(self) -> int:
@@ -265,14 +270,14 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
-    def exec(self, decoupled: bool = False):
+    def exec(self, decoupled: bool = False) -> Any:
         """BLS: run this request on model `model_name` through the worker's own scheduling;
         `decoupled`: an iterator over its responses, the last the final flag."""
         if decoupled:
             return _bls().call_decoupled(self)
         return _bls().call(self)
 
-    async def async_exec(self, decoupled: bool = False):
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """BLS, awaitable: several calls gathered run side by side; `decoupled`: an async
         iterator over the responses."""
         if decoupled:
@@ -280,10 +285,10 @@ class InferenceRequest:
         return await _bls().call_async(self)
 
 
-_bls_client = None  # the stub's BlsClient, set when the stub starts
+_bls_client: Any = None  # the stub's BlsClient, set when the stub starts
 
 
-def _bls():
+def _bls() -> Any:
     if _bls_client is None:
         raise TritonModelException("BLS requests can be sent only by a model the worker runs")
     return _bls_client
@@ -303,26 +308,35 @@ def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) 
     return None
 
 
-def _config_of(model_config) -> dict:
-    return json.loads(model_config) if isinstance(model_config, str) else model_config
+# a model's config as execute() and initialize() get it: Triton's JSON text, or its parsed dict
+Config = str | dict[str, Any]
 
 
-def _tensor_config(model_config, kind: str, name: str) -> dict | None:
+def _config_of(model_config: Config) -> dict[str, Any]:
+    if isinstance(model_config, str):
+        loaded: dict[str, Any] = json.loads(model_config)
+        return loaded
+    return model_config
+
+
+def _tensor_config(model_config: Config, kind: str,
+                   name: str) -> dict[str, Any] | None:  # fmt: skip
     for item in _config_of(model_config).get(kind, []):
         if item.get("name") == name:
-            return item
+            found: dict[str, Any] = item  # the config's own entry, as Triton returns it
+            return found
     return None
 
 
-def get_input_config_by_name(model_config, name: str) -> dict | None:
+def get_input_config_by_name(model_config: Config, name: str) -> dict[str, Any] | None:
     return _tensor_config(model_config, "input", name)
 
 
-def get_output_config_by_name(model_config, name: str) -> dict | None:
+def get_output_config_by_name(model_config: Config, name: str) -> dict[str, Any] | None:
     return _tensor_config(model_config, "output", name)
 
 
-def using_decoupled_model_transaction_policy(model_config) -> bool:
+def using_decoupled_model_transaction_policy(model_config: Config) -> bool:
     policy = _config_of(model_config).get("model_transaction_policy", {})
     return bool(policy.get("decoupled", False))
 
@@ -349,10 +363,10 @@ class LogLevel:
 class ModelConfig:
     """What auto_complete_config receives: Triton's JSON config with Triton's setters."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict[str, Any]) -> None:
         self._config = config
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return self._config
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
@@ -367,19 +381,19 @@ class ModelConfig:
     def set_dynamic_batching(self) -> None:
         self._config.setdefault("dynamic_batching", {})
 
-    def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
         self._config.setdefault("model_transaction_policy", {}).update(transaction_policy_dict)
 
-    def add_input(self, input: dict) -> None:  # noqa: A002 - Triton's name
+    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's name
         self._add("input", input)
 
-    def add_output(self, output: dict) -> None:
+    def add_output(self, output: dict[str, Any]) -> None:
         self._add("output", output)
 
-    def add_instance_group(self, group: dict) -> None:
+    def add_instance_group(self, group: dict[str, Any]) -> None:
         self._config.setdefault("instance_group", []).append(dict(group))
 
-    def _add(self, kind: str, item: dict) -> None:
+    def _add(self, kind: str, item: dict[str, Any]) -> None:
         if "name" not in item:
             raise ValueError(f"auto_complete_config: {kind} {item} has no 'name'")
         for existing in self._config.setdefault(kind, []):
