@@ -416,7 +416,7 @@ def test_optuna_multi_objective_puts_the_pareto_front_first(tmp_path):
     # point of another config dominates the mean of its rounds (no comparison: one finalist)
     recommended = (model["final_comparison"] or {}).get("recommended", ranked[0]["name"])
     assert flags[0] or ranked[0]["name"] == recommended
-    rest = flags[0:] if flags[0] else flags[1:]
+    rest = flags if flags[0] else flags[1:]
     assert rest == sorted(rest, reverse=True)
 
     def evidence(c: dict) -> list[tuple[float, float]]:  # a finalist: the mean of its rounds

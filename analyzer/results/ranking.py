@@ -120,18 +120,16 @@ class Ranker:
                 everywhere = present if everywhere is None else everywhere & present
         tags = everywhere or set()
         for r in measured:
-            # a finalist is judged by the mean of its side-by-side rounds, not its search points
-            points = [r.final.combined] if r.final is not None else r.measurements
+            points = self.evidence(r)
             passing = [m for m in points if not self.violations(m)]
             pool = passing or points
             r.best = max(pool, key=lambda m: self.score(m, tags))
             r.satisfies = bool(passing)
             r.violations = [] if passing else self.violations(r.best)
             r.score = self.score(r.best, tags)
-        evidence = {id(r): self.evidence(r) for r in measured}
-        front = self.pareto_front([(r, m) for r in measured for m in evidence[id(r)]])
+        front = self.pareto_front([m for r in measured for m in self.evidence(r)])
         for r in measured:
-            r.pareto = any(id(m) in front for m in evidence[id(r)])
+            r.pareto = any(id(m) in front for m in self.evidence(r))
         ordered = sorted(measured, key=lambda r: (not r.satisfies, not r.pareto, r.final is None,
                                                   -r.score))  # fmt: skip
         failed = [r for r in results if not r.measurements]
@@ -141,7 +139,8 @@ class Ranker:
 
     @staticmethod
     def evidence(r: ConfigResult) -> list[Measurement]:
-        """What a config is judged by: the mean of its final rounds, or its search points."""
+        """What a config is judged by: a finalist by the mean of its side-by-side rounds, any
+        other by its search points."""
         return [r.final.combined] if r.final is not None else r.measurements
 
     def dominated_finalists(self, finals: dict[str, FinalResult]) -> set[str]:
@@ -149,18 +148,18 @@ class Ranker:
         them (at least as good on each, better on one): none of these is recommended."""
         if not self.pareto:
             return set()
-        front = self.pareto_front([(None, f.combined) for f in finals.values()])
+        front = self.pareto_front([f.combined for f in finals.values()])
         return {name for name, f in finals.items() if id(f.combined) not in front
                 and any(f.combined.metric(t) is not None for t in self.pareto)}  # fmt: skip
 
-    def pareto_front(self, points: list[tuple[ConfigResult | None, Measurement]]) -> set[int]:
+    def pareto_front(self, points: list[Measurement]) -> set[int]:
         """ids of the measurements on the Pareto front of the `pareto` objectives, among the
         points that meet the constraints (all points when none does)."""
         tags = [t for t in self.pareto
-                if any(m.metric(t) is not None for _, m in points)]  # fmt: skip
+                if any(m.metric(t) is not None for m in points)]  # fmt: skip
         if not tags:
             return set()
-        feasible = [m for _, m in points if not self.violations(m)] or [m for _, m in points]
+        feasible = [m for m in points if not self.violations(m)] or points
         signs = [1.0 if direction(t) else -1.0 for t in tags]
         vectors = {id(m): [s * (m.metric(t) or 0.0) for s, t in zip(signs, tags, strict=True)]
                    for m in feasible if all(m.metric(t) is not None for t in tags)}  # fmt: skip

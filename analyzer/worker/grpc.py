@@ -35,7 +35,7 @@ from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager, Served
 from analyzer.worker.names import check_model_name
 from analyzer.worker.params import natural_param, sequence_flags, sequence_param
-from analyzer.worker.request import InferRequest, OnDone, Outputs
+from analyzer.worker.request import InferRequest, OnDone, OnResponse, Outputs
 from analyzer.worker.restrict import Restrictions
 from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry
 from analyzer.worker.validate import check_once
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from analyzer.worker.grpc_state import Inbox, Metadata
 
 # The protobuf messages are untyped (tritonclient ships no stubs): requests and responses are Any.
-OnResponse = Callable[[Outputs | None, Exception | None, bool], None]
 
 
 class CallContext(Protocol):

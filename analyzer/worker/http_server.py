@@ -414,7 +414,7 @@ def raise_open_file_limit(wanted: int) -> int:
 
 async def start_http_server(
     handler: Handler, host: str, port: int, limits: Limits | None = None
-) -> asyncio.AbstractServer:
+) -> asyncio.Server:
     limits = limits or Limits()
     wanted = limits.max_connections + _FD_RESERVE
     soft = raise_open_file_limit(wanted)

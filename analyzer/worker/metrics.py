@@ -224,8 +224,7 @@ class MetricsServer:
             ready.set()
             loop.close()
             return
-        sockets = getattr(self.server, "sockets", None) or ()  # asyncio's and uvloop's servers
-        started["port"] = list(sockets)[0].getsockname()[1]
+        started["port"] = self.server.sockets[0].getsockname()[1]
         ready.set()
         try:
             loop.run_forever()

@@ -13,6 +13,8 @@ Signature = tuple[tuple[str, tuple[int, ...]], ...]
 Outputs = dict[str, np.ndarray]
 # the answer's hand-over: (outputs, None) or (None, error), once
 OnDone = Callable[[Outputs | None, Exception | None], None]
+# a decoupled model's response, as it is sent: (outputs or None, error, final)
+OnResponse = Callable[[Outputs | None, Exception | None, bool], None]
 
 
 @dataclass(slots=True)
@@ -46,8 +48,7 @@ class InferRequest:
     # a decoupled model's responses, each as it is sent: (outputs or None, error, final); set
     # by a protocol that can stream them (gRPC ModelStreamInfer). `on_done` then only says the
     # request is complete (or failed).
-    on_response: Callable[[dict[str, np.ndarray] | None, Exception | None, bool], None] | None = (
-        None)
+    on_response: OnResponse | None = None
 
     def cancel(self) -> None:
         """Called from the protocol's loop when the client disconnects or cancels the call."""

@@ -156,8 +156,7 @@ class Worker:
     async def _listen(self, name: str, handler: Handler, port: int) -> None:
         server = await start_http_server(handler, self.options.host, port, self.options.limits)
         self.servers.append(server)
-        sockets = getattr(server, "sockets", None) or ()  # asyncio's and uvloop's servers
-        self.ports[name] = list(sockets)[0].getsockname()[1]
+        self.ports[name] = server.sockets[0].getsockname()[1]
 
     def ready_line(self) -> str:
         models = ", ".join(

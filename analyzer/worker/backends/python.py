@@ -30,6 +30,7 @@ from analyzer.repository.repository import ModelSource
 from analyzer.worker import sched
 from analyzer.worker.backends.base import Backend, BackendInstance, InstanceSpec, Result
 from analyzer.worker.backends.python_stub import (
+    Message,
     ShmArena,
     ShmSpaceError,
     discard_fd,
@@ -41,17 +42,12 @@ from analyzer.worker.backends.python_stub import (
     write_tensors,
 )
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.request import BatchTiming, InferRequest, OnDone, Outputs
+from analyzer.worker.request import BatchTiming, InferRequest, OnDone, OnResponse, Outputs
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120
 FINALIZE_TIMEOUT_S = 10  # a model's finalize() gets this long before its process is killed
 _LOCK_WAIT_S = 2  # a call still running after this long at stop is a hung execute
-
-
-# a message over a stub's pipe: JSON-like fields (tensors travel in shared memory)
-Message = dict[str, Any]
-OnResponse = Callable[[Outputs | None, Exception | None, bool], None]
 
 
 class _Spawner:
