@@ -24,11 +24,30 @@ key=$( { cat pyproject.toml; "$py" -m pip freeze --exclude-editable 2>/dev/null;
        | sha256sum | cut -c1-16)
 base="model-analyzer-base:$key"
 
+# every scratch folder this run makes, removed however it ends (one trap: a second would replace it)
+work=
+context=
+trap 'rm -rf ${work:+"$work"} ${context:+"$context"}' EXIT
+
+free_mib() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
+
 if ! docker image inspect "$base" >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || { echo "building the base image needs root (debootstrap)" >&2; exit 2; }
   command -v debootstrap >/dev/null || { echo "install Debian's debootstrap first" >&2; exit 2; }
+  # the root filesystem (~300 MiB), the interpreter and the venv land twice: in /var/tmp, then in
+  # Docker's store; a full disk makes debootstrap fail with a misleading "file already exists"
+  need=$(( $(du -sm --exclude=peers "$venv" | cut -f1) + $(du -sm "$prefix" | cut -f1) + 1024 ))
+  store=$(docker info -f '{{.DockerRootDir}}')
+  for dir in /var/tmp "$store"; do
+    have=$(free_mib "$dir")
+    if [ "$have" -lt "$need" ]; then
+      echo "building the base image needs ${need} MiB free in $dir; it has ${have} MiB (images" \
+           "labelled model-analyzer.base that no container uses can be removed: docker image ls" \
+           "--filter label=model-analyzer.base)" >&2
+      exit 2
+    fi
+  done
   work=$(mktemp -d /var/tmp/ma-rootfs.XXXXXX)
-  trap 'rm -rf "$work"' EXIT
   include=ca-certificates,libgomp1
   if [ "$prefix" = /usr ]; then  # Debian's own python3.11: the same package in the image
     include="$include,python3.11,libpython3.11"
@@ -46,11 +65,12 @@ if ! docker image inspect "$base" >/dev/null 2>&1; then
   echo "importing the base image $base..."
   tar -C "$work/root" -c . | docker import \
     -c "ENV PATH=$venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-    -c "ENV PYTHONDONTWRITEBYTECODE=1" -c "LABEL model-analyzer.base=$key" - "$base" >/dev/null
+    -c "ENV PYTHONDONTWRITEBYTECODE=1" -c "LABEL model-analyzer.base=$key" \
+    -c "LABEL model-analyzer.venv=$venv" - "$base" >/dev/null
+  rm -rf "$work"
 fi
 
 context=$(mktemp -d)
-trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/src"
 cp -a analyzer templates search_spaces pyproject.toml "$context/src/"
 find "$context/src" -name __pycache__ -prune -exec rm -rf {} +
@@ -72,3 +92,17 @@ CMD ["model-analyzer", "serve", "--help"]
 DOCKERFILE
 docker build --network none -q -t "$image" "$context" >/dev/null
 echo "built $image (base $base)"
+
+# Our own images that nothing can use any more, ~1.6 GiB each: earlier builds of an image name now
+# given to this one (untagged), then base images of venvs no longer on this machine (a deleted
+# clone). `docker image rm` without --force keeps any image a tag or a container still uses.
+docker image prune -f --filter label=model-analyzer.base >/dev/null 2>&1 || true
+docker image ls --filter label=model-analyzer.base --filter reference='model-analyzer-base:*' \
+  --format '{{.Repository}}:{{.Tag}}' | while read -r old; do
+  [ "$old" = "$base" ] && continue
+  from=$(docker image inspect -f '{{index .Config.Labels "model-analyzer.venv"}}' "$old" 2>/dev/null || true)
+  [ "$from" = "<no value>" ] && from=
+  if [ -z "$from" ] || [ ! -d "$from" ]; then
+    docker image rm "$old" >/dev/null 2>&1 && echo "removed $old (built for ${from:-an unlabelled venv}, which is not here)"
+  fi
+done || true

@@ -248,6 +248,8 @@ def test_an_image_that_is_not_ours_runs_as_triton_would(image, tmp_path):
         _add_sub(launcher.grpc_url, launcher.http_url)
     finally:
         launcher.stop()
+        # this test made the image: left behind, it would keep a rebuilt worker's old base alive
+        subprocess.run(["docker", "image", "rm", foreign], capture_output=True, timeout=120)
     assert not _containers()
 
 
@@ -263,22 +265,27 @@ def test_nvidia_ma_docker_mode_runs_our_image(image, tmp_path):
 
     repo = repository(tmp_path)
     http, grpc, metrics = free_port(), free_port(), free_port()
-    rows = ma_profile(tmp_path, repo, {
-        "triton_launch_mode": "docker",
-        "triton_docker_image": image,
-        "triton_docker_mounts": [f"{repo}:{repo}:ro"],
-        "triton_docker_args": {"user": "0:0"},  # pytest's folders are root's, mode 0700
-        "triton_server_flags": {"http-address": "0.0.0.0"},
-        "triton_output_path": str(tmp_path / "server.log"),
-        "triton_http_endpoint": f"localhost:{http}",
-        "triton_grpc_endpoint": f"localhost:{grpc}",
-        "triton_metrics_url": f"http://localhost:{metrics}/metrics",
-        "run_config_search_disable": True,
-    })  # fmt: skip
-    for model in MODELS:
-        assert [row["Model Config Path"] for row in rows[model]] == [f"{model}_config_default"]
-        assert float(rows[model][0]["Throughput (infer/sec)"]) > 0
-    assert "model-analyzer serve ready" in (tmp_path / "server.log").read_text()
-    done = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={image}"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert not done.stdout.split()  # MA stopped its container
+    try:
+        rows = ma_profile(tmp_path, repo, {
+            "triton_launch_mode": "docker",
+            "triton_docker_image": image,
+            "triton_docker_mounts": [f"{repo}:{repo}:ro"],
+            "triton_docker_args": {"user": "0:0"},  # pytest's folders are root's, mode 0700
+            "triton_server_flags": {"http-address": "0.0.0.0"},
+            "triton_output_path": str(tmp_path / "server.log"),
+            "triton_http_endpoint": f"localhost:{http}",
+            "triton_grpc_endpoint": f"localhost:{grpc}",
+            "triton_metrics_url": f"http://localhost:{metrics}/metrics",
+            "run_config_search_disable": True,
+        })  # fmt: skip
+        for model in MODELS:
+            assert [row["Model Config Path"] for row in rows[model]] == [f"{model}_config_default"]
+            assert float(rows[model][0]["Throughput (infer/sec)"]) > 0
+        assert "model-analyzer serve ready" in (tmp_path / "server.log").read_text()
+    finally:  # a container MA left (it failed or was stopped) is removed, then reported
+        done = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={image}"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        left = done.stdout.split()
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=120)
+    assert not left  # MA stopped its container
