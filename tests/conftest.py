@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import fcntl
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,3 +20,27 @@ def examples_worker():
     served = start_worker(EXAMPLES)
     yield served
     assert served.stop() == 0, "".join(served.output)
+
+
+# `make test` runs two pytest-xdist processes. A test marked `exclusive_cpu` measures something
+# only a machine with no other test running shows (a client alone on its core); it waits for the
+# other process's current test and holds every other test back while it runs. A reader-writer
+# lock over two files: the turnstile makes a waiting writer block new readers.
+_LOCKS = Path(tempfile.gettempdir())
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    exclusive = request.node.get_closest_marker("exclusive_cpu") is not None
+    with open(_LOCKS / "model-analyzer-tests.turnstile", "a") as turn, \
+            open(_LOCKS / "model-analyzer-tests.lock", "a") as main:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        if not exclusive:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        fcntl.flock(main, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(main, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(turn, fcntl.LOCK_UN)

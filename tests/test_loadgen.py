@@ -138,6 +138,7 @@ def _perf_csv(url: str, tmp_path, core: str, name: str) -> tuple[dict, str]:
     or not os.path.exists("/proc/self/schedstat"),
     reason="needs two CPUs to pin client and server apart, and Linux schedstat",
 )  # fmt: skip
+@pytest.mark.exclusive_cpu  # its first leg needs the client's core to itself
 def test_client_starved_of_cpu_is_flagged_client_bound(tmp_path):
     """A client whose core is shared with busy processes is flagged client-bound in the CSV and
     the console; the same client with the core to itself is not."""
