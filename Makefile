@@ -4,9 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # pytest-xdist processes (0: one pytest process); a file's tests stay together in one. Two
-# take CI from ~22 to ~14 min, but one test (client-starved) still needs a quiet core: see the
-# closing note of 2026-11-27
-PYTEST_WORKERS ?= 0
+# take CI from ~22 to ~14 min on 2 cores; a test marked exclusive_cpu runs alone (tests/conftest.py)
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test venv lint clean docker-image
 
