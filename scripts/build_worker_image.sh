@@ -31,9 +31,30 @@ trap 'rm -rf ${work:+"$work"} ${context:+"$context"}' EXIT
 
 free_mib() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
 
+# Our own leftovers that nothing can use any more, ~1.6 GiB each: earlier builds of an image name
+# now given to a newer one (untagged), base images of venvs no longer on this machine (a deleted
+# clone), and scratch root filesystems of builds that were killed (hours old). `docker image rm`
+# without --force keeps any image a tag or a container still uses. Run before a base is built
+# (to make room) and after each build.
+prune_stale() {
+  find /var/tmp -maxdepth 1 -name 'ma-rootfs.*' -type d -mmin +120 -exec rm -rf {} + 2>/dev/null || true
+  docker image prune -f --filter label=model-analyzer.base >/dev/null 2>&1 || true
+  docker image ls --filter label=model-analyzer.base --filter reference='model-analyzer-base:*' \
+    --format '{{.Repository}}:{{.Tag}}' | while read -r old; do
+    [ "$old" = "$base" ] && continue
+    from=$(docker image inspect -f '{{index .Config.Labels "model-analyzer.venv"}}' "$old" 2>/dev/null || true)
+    [ "$from" = "<no value>" ] && from=
+    if [ -z "$from" ] || [ ! -d "$from" ]; then
+      docker image rm "$old" >/dev/null 2>&1 \
+        && echo "removed $old (built for ${from:-an unlabelled venv}, which is not here)"
+    fi
+  done || true
+}
+
 if ! docker image inspect "$base" >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || { echo "building the base image needs root (debootstrap)" >&2; exit 2; }
   command -v debootstrap >/dev/null || { echo "install Debian's debootstrap first" >&2; exit 2; }
+  prune_stale
   # the root filesystem (~300 MiB), the interpreter and the venv land twice: in /var/tmp, then in
   # Docker's store; a full disk makes debootstrap fail with a misleading "file already exists"
   need=$(( $(du -sm --exclude=peers "$venv" | cut -f1) + $(du -sm "$prefix" | cut -f1) + 1024 ))
@@ -92,17 +113,4 @@ CMD ["model-analyzer", "serve", "--help"]
 DOCKERFILE
 docker build --network none -q -t "$image" "$context" >/dev/null
 echo "built $image (base $base)"
-
-# Our own images that nothing can use any more, ~1.6 GiB each: earlier builds of an image name now
-# given to this one (untagged), then base images of venvs no longer on this machine (a deleted
-# clone). `docker image rm` without --force keeps any image a tag or a container still uses.
-docker image prune -f --filter label=model-analyzer.base >/dev/null 2>&1 || true
-docker image ls --filter label=model-analyzer.base --filter reference='model-analyzer-base:*' \
-  --format '{{.Repository}}:{{.Tag}}' | while read -r old; do
-  [ "$old" = "$base" ] && continue
-  from=$(docker image inspect -f '{{index .Config.Labels "model-analyzer.venv"}}' "$old" 2>/dev/null || true)
-  [ "$from" = "<no value>" ] && from=
-  if [ -z "$from" ] || [ ! -d "$from" ]; then
-    docker image rm "$old" >/dev/null 2>&1 && echo "removed $old (built for ${from:-an unlabelled venv}, which is not here)"
-  fi
-done || true
+prune_stale
