@@ -210,6 +210,7 @@ def run_final_comparison(
     finals = {name: summarize(ms) for name, ms in got.items()
               if len(ms) >= least and name not in comparison.dropped}  # fmt: skip
     for name, final in finals.items():
+        final.left_race = name in comparison.eliminated
         by_name[name].final = final
     if len(finals) < 2:
         return
@@ -501,7 +502,12 @@ def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigR
     those shown no more than RESOLUTION behind it as the recommendation, and its throughput
     against the default config's."""
     meeting = [n for n in finals if by_name[n].satisfies] or list(finals)
-    leader = max(meeting, key=lambda n: by_name[n].score)
+    # The leader is one of the finalists that raced to the end. One that left was shown behind
+    # the leader of its round beyond noise; its mean is over fewer, earlier rounds, which a
+    # drifting machine makes higher or lower than the others' (`make demo` once made such a
+    # finalist the leader, and then no finalist was left to recommend).
+    finishers = [n for n in meeting if n not in comparison.eliminated] or meeting
+    leader = max(finishers, key=lambda n: by_name[n].score)
     comparison.leader = leader
     comparison.tied = mark_ties({n: finals[n] for n in meeting}, leader, ranker.score)
     # A tie says the rounds cannot tell a config from the leader; it may still be well behind
@@ -517,7 +523,7 @@ def _conclude(comparison: Comparison, ranker: Ranker, by_name: dict[str, ConfigR
     close = [n for n in comparison.tied if n not in comparison.eliminated and n not in dominated
              and (finals[n].vs_leader is None or finals[n].vs_leader.low >= margin)]  # fmt: skip
     chosen_name, reason = cheapest([(n, by_name[n].description, finals[n].combined)
-                                    for n in close])  # fmt: skip
+                                    for n in close or [leader]])  # fmt: skip
     comparison.recommended = chosen_name
     if comparison.tied == [leader]:
         comparison.close_lead = _close_lead(leader, finals, meeting)

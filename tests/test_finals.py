@@ -339,6 +339,34 @@ def test_a_finalist_that_left_the_race_is_not_recommended_even_if_cheaper_and_ti
     assert comparison.vs_default.estimate == pytest.approx(2.0, abs=0.01)
 
 
+def test_a_finalist_that_left_the_race_early_is_never_the_leader_even_with_the_best_mean():
+    """Seen in `make demo`: the machine slowed after the third round, so a finalist that left
+    then (behind the leader of its round) had a higher mean over its 3 rounds than the finishers
+    over their 7. It became the leader, was not recommendable, and no finalist was left:
+    IndexError. The leader is a finisher, and the one that left ranks after the finishers."""
+    from analyzer.final_comparison import _conclude
+
+    ranker = Ranker({"perf_throughput": 1.0}, {})
+    base = [1000.0, 1010.0, 990.0, 600.0, 610.0, 590.0, 600.0]  # slow from round 4
+    leader, left = result("leader", 1, 16, []), result("left", 1, 8, [])
+    default = result("default", 1, 32, [])
+    leader.final = summarize([point("leader", t) for t in base])
+    left.final = summarize([point("left", t * 0.9) for t in base[:3]])  # 10% behind, 3 rounds
+    left.final.left_race = True
+    default.final = summarize([point("default", t / 2) for t in base])
+    results = [leader, left, default]
+    assert left.final.combined.metrics["perf_throughput"] > \
+        leader.final.combined.metrics["perf_throughput"]  # fmt: skip
+    ranked = ranker.rank(results)
+    assert [r.name for r in ranked] == ["leader", "left", "default"]
+    finals = {r.name: r.final for r in results}
+    comparison = Comparison(7, list(finals), eliminated={"left": "behind leader after 3 rounds"})
+    _conclude(comparison, ranker, {r.name: r for r in results}, finals, default)
+    assert comparison.leader == comparison.recommended == "leader"
+    assert finals["left"].vs_leader is not None and finals["left"].vs_leader.high < 0.0
+    assert FinalResult.from_dict(left.final.to_dict()).left_race
+
+
 def test_configs_within_the_search_noise_join_the_finalists_and_the_clearly_behind_leave_early(
     tmp_path,
 ):

@@ -96,10 +96,12 @@ class FinalResult:
     p99: Interval
     vs_leader: Interval | None = None  # paired score difference to the leader
     tied: bool = False  # within noise of the leader (the leader itself too)
+    left_race: bool = False  # shown behind the leader of its round beyond noise, it stopped
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "rounds": len(self.rounds),
+            "left_race": self.left_race,
             "perf_throughput": self.throughput.to_dict(),
             "perf_latency_p99": self.p99.to_dict(),
             "score_vs_leader": self.vs_leader.to_dict() if self.vs_leader else None,
@@ -111,6 +113,7 @@ class FinalResult:
     def from_dict(data: dict[str, Any]) -> FinalResult:
         final = summarize([Measurement.from_dict(m) for m in data["measurements"]])
         final.tied = bool(data["tied_with_leader"])
+        final.left_race = bool(data.get("left_race", False))
         vs = data.get("score_vs_leader")
         final.vs_leader = Interval(**vs) if vs else None
         return final

@@ -6,7 +6,9 @@ to first order, but it makes the comparison a score (a total order), so sorting 
 Each config is represented by its best point that satisfies every constraint; configs with no such
 point rank after all that have one, each by its best point overall.
 A config re-measured in the final comparison (`analyzer.results.finals`) is represented by the
-mean of its rounds instead, and the finalists rank before the configs known from one search point.
+mean of its rounds instead, and the finalists rank before the configs known from one search point,
+those that raced to the end before those that left the race (shown behind beyond noise, their
+means are over fewer rounds than the others').
 
 With several objectives searched as such (optuna_objectives: e.g. throughput vs p99 latency vs GPU
 memory) there is no single best; the configs with a point on the Pareto front -- no other point
@@ -130,8 +132,9 @@ class Ranker:
         front = self.pareto_front([m for r in measured for m in self.evidence(r)])
         for r in measured:
             r.pareto = any(id(m) in front for m in self.evidence(r))
-        ordered = sorted(measured, key=lambda r: (not r.satisfies, not r.pareto, r.final is None,
-                                                  -r.score))  # fmt: skip
+        ordered = sorted(measured, key=lambda r: (
+            not r.satisfies, not r.pareto, r.final is None,
+            r.final is not None and r.final.left_race, -r.score))  # fmt: skip
         failed = [r for r in results if not r.measurements]
         for i, r in enumerate(ordered, 1):
             r.rank = i
