@@ -348,8 +348,8 @@ def test_a_finalist_that_left_the_race_early_is_never_the_leader_even_with_the_b
 
     ranker = Ranker({"perf_throughput": 1.0}, {})
     base = [1000.0, 1010.0, 990.0, 600.0, 610.0, 590.0, 600.0]  # slow from round 4
-    leader, left = result("leader", 1, 16, []), result("left", 1, 8, [])
-    default = result("default", 1, 32, [])
+    leader, left = result("leader", 1, 16, [950.0]), result("left", 1, 8, [940.0])
+    default = result("default", 1, 32, [500.0])
     leader.final = summarize([point("leader", t) for t in base])
     left.final = summarize([point("left", t * 0.9) for t in base[:3]])  # 10% behind, 3 rounds
     left.final.left_race = True
@@ -357,13 +357,15 @@ def test_a_finalist_that_left_the_race_early_is_never_the_leader_even_with_the_b
     results = [leader, left, default]
     assert left.final.combined.metrics["perf_throughput"] > \
         leader.final.combined.metrics["perf_throughput"]  # fmt: skip
-    ranked = ranker.rank(results)
-    assert [r.name for r in ranked] == ["leader", "left", "default"]
+    ranker.rank(results)
+    assert left.score > leader.score  # by its mean alone it would lead
     finals = {r.name: r.final for r in results}
     comparison = Comparison(7, list(finals), eliminated={"left": "behind leader after 3 rounds"})
     _conclude(comparison, ranker, {r.name: r for r in results}, finals, default)
     assert comparison.leader == comparison.recommended == "leader"
     assert finals["left"].vs_leader is not None and finals["left"].vs_leader.high < 0.0
+    # ranked by its paired difference to the leader (10% behind), not by its mean
+    assert [r.name for r in ranker.rank([left, default, leader])] == ["leader", "left", "default"]
     assert FinalResult.from_dict(left.final.to_dict()).left_race
 
 
@@ -486,3 +488,27 @@ def test_with_pareto_objectives_a_finalist_is_on_the_front_by_its_rounds():
     comparison = Comparison(3, list(finals))
     _conclude(comparison, plain, {r.name: r for r in both}, finals, None)
     assert comparison.recommended == "cheap"
+
+
+def test_the_top_across_models_keeps_each_models_own_order():
+    """A finalist that left its model's race may have the higher mean over its fewer rounds;
+    across models it keeps its place in its model's ranking (behind the leader it lost to), and
+    the models' lists merge by score."""
+    from types import SimpleNamespace
+
+    from analyzer.config.model_specs import ModelSpec
+    from analyzer.results.outcome import ModelOutcome
+    from analyzer.results.ranking import top_across_models
+
+    ranker = Ranker({"perf_throughput": 1.0}, {})
+    base = [1000.0, 1010.0, 990.0, 600.0, 610.0, 590.0, 600.0]
+    leader, left = result("leader", 1, 16, [950.0]), result("left", 1, 8, [940.0])
+    leader.final = summarize([point("leader", t) for t in base])
+    left.final = summarize([point("left", t * 0.9) for t in base[:3]])
+    left.final.left_race = True
+    mark_ties({"leader": leader.final, "left": left.final}, "leader", ranker.score)
+    other = [result("o1", 1, 8, [800.0]), result("o2", 1, 8, [600.0])]
+    models = [ModelOutcome(ModelSpec("m"), ranker.rank([left, leader])),
+              ModelOutcome(ModelSpec("n"), ranker.rank(other))]  # fmt: skip
+    outcome = SimpleNamespace(models=models, config=SimpleNamespace(num_top_model_configs=3))
+    assert [r.name for r in top_across_models(outcome)] == ["o1", "leader", "left"]  # type: ignore[arg-type]

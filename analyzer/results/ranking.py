@@ -6,9 +6,9 @@ to first order, but it makes the comparison a score (a total order), so sorting 
 Each config is represented by its best point that satisfies every constraint; configs with no such
 point rank after all that have one, each by its best point overall.
 A config re-measured in the final comparison (`analyzer.results.finals`) is represented by the
-mean of its rounds instead, and the finalists rank before the configs known from one search point,
-those that raced to the end before those that left the race (shown behind beyond noise, their
-means are over fewer rounds than the others').
+mean of its rounds instead, and the finalists rank before the configs known from one search point.
+A finalist that left the race ran fewer rounds; it ranks by its difference to the leader paired
+over the rounds both ran, not by its own mean (a drifting machine moves a mean of fewer rounds).
 
 With several objectives searched as such (optuna_objectives: e.g. throughput vs p99 latency vs GPU
 memory) there is no single best; the configs with a point on the Pareto front -- no other point
@@ -132,13 +132,27 @@ class Ranker:
         front = self.pareto_front([m for r in measured for m in self.evidence(r)])
         for r in measured:
             r.pareto = any(id(m) in front for m in self.evidence(r))
-        ordered = sorted(measured, key=lambda r: (
-            not r.satisfies, not r.pareto, r.final is None,
-            r.final is not None and r.final.left_race, -r.score))  # fmt: skip
+        value = self._drift_free(measured)
+        ordered = sorted(measured, key=lambda r: (not r.satisfies, not r.pareto, r.final is None,
+                                                  -value.get(id(r), r.score)))  # fmt: skip
         failed = [r for r in results if not r.measurements]
         for i, r in enumerate(ordered, 1):
             r.rank = i
         return ordered + failed
+
+    @staticmethod
+    def _drift_free(measured: list[ConfigResult]) -> dict[int, float]:
+        """Scores of the finalists that left the race, by the leader's score plus their paired
+        difference to it over the rounds both ran: their own mean is over fewer, earlier rounds,
+        which a drifting machine makes higher or lower than the finishers' (empty until the
+        comparison has concluded)."""
+        leader = next((r for r in measured if r.final is not None and not r.final.left_race
+                       and r.final.tied and r.final.vs_leader is None), None)  # fmt: skip
+        if leader is None:
+            return {}
+        return {id(r): leader.score + r.final.vs_leader.estimate for r in measured
+                if r.final is not None and r.final.left_race
+                and r.final.vs_leader is not None}  # fmt: skip
 
     @staticmethod
     def evidence(r: ConfigResult) -> list[Measurement]:
@@ -193,7 +207,13 @@ def recommended_first(
 
 def top_across_models(outcome: ProfileOutcome) -> list[ConfigResult]:
     """MA's num_top_model_configs: the best configs of all models in one ranking (meaningful
-    when the models share their objectives)."""
-    pool = [r for m in outcome.models for r in m.results if r.best is not None]
-    pool.sort(key=lambda r: (not r.satisfies, -r.score))
-    return pool[: outcome.config.num_top_model_configs]
+    when the models share their objectives). Each model's configs keep its own order (its
+    recommendation first, a finalist that left the race after those that finished), and the
+    models' lists are merged by score: a bare sort by score could list a config above the one
+    its own model's side-by-side rounds put ahead of it."""
+    queues = [[r for r in m.results if r.best is not None] for m in outcome.models]
+    chosen: list[ConfigResult] = []
+    while len(chosen) < outcome.config.num_top_model_configs and any(queues):
+        head = min((q for q in queues if q), key=lambda q: (not q[0].satisfies, -q[0].score))
+        chosen.append(head.pop(0))
+    return chosen
