@@ -33,7 +33,8 @@ free_mib() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
 
 # Our own leftovers that nothing can use any more, ~1.6 GiB each: earlier builds of an image name
 # now given to a newer one (untagged), base images of venvs no longer on this machine (a deleted
-# clone), and scratch root filesystems of builds that were killed (hours old). `docker image rm`
+# clone) or of this venv's earlier dependency sets (its key can never match again), and scratch
+# root filesystems of builds that were killed (hours old). `docker image rm`
 # without --force keeps any image a tag or a container still uses. Run before a base is built
 # (to make room) and after each build.
 prune_stale() {
@@ -44,10 +45,14 @@ prune_stale() {
     [ "$old" = "$base" ] && continue
     from=$(docker image inspect -f '{{index .Config.Labels "model-analyzer.venv"}}' "$old" 2>/dev/null || true)
     [ "$from" = "<no value>" ] && from=
-    if [ -z "$from" ] || [ ! -d "$from" ]; then
-      docker image rm "$old" >/dev/null 2>&1 \
-        && echo "removed $old (built for ${from:-an unlabelled venv}, which is not here)"
+    if [ "$from" = "$venv" ]; then
+      why="an earlier dependency set of $venv"
+    elif [ -z "$from" ] || [ ! -d "$from" ]; then
+      why="built for ${from:-an unlabelled venv}, which is not here"
+    else
+      continue  # another venv's, still on this machine
     fi
+    docker image rm "$old" >/dev/null 2>&1 && echo "removed $old ($why)"
   done || true
 }
 
