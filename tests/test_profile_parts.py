@@ -711,3 +711,41 @@ def test_perf_analyzer_max_threads_caps_the_load_generators_processes(tmp_path):
                                   str(yaml_file)], cwd=tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match="'max-threads' is 'many'; expected a whole number"):
         measure_options(config, config.models[0])
+
+
+def test_a_claim_is_keyed_from_its_creation_so_a_process_killed_then_stalls_no_other(
+    tmp_path, monkeypatch
+):
+    """A claim's trial once got its key after `ask()`, attribute by attribute: a process killed
+    in between left a running trial with no key, and every later claim of every process waited
+    ten seconds for it, twice (the shared-study test once took 285 s instead of ~45). The key,
+    point and owner are now written with the trial, in one storage call."""
+    import optuna
+
+    from analyzer.search import ledger as ledger_module
+    from analyzer.search.ledger import Ledger, open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'shared.db'}")
+    first, second = Ledger(storage, "s"), Ledger(storage, "s")
+    try:
+        def killed(*args, **kwargs):  # the process dies as it would set an attribute
+            raise RuntimeError("killed")
+
+        monkeypatch.setattr(optuna.Trial, "set_user_attr", killed)
+        monkeypatch.setattr(first, "_beat", killed)  # and before its first heartbeat
+        with pytest.raises(RuntimeError, match="killed"):
+            first.claim(SearchPoint.make({"instance_count": 1}, "concurrency", 1, 1), wait=False)
+        monkeypatch.undo()
+        running = [t for t in first.study.get_trials() if t.state.name == "RUNNING"]
+        assert running and all({"point", "host", "trial"} <= set(t.user_attrs) for t in running)
+
+        def no_wait(seconds: float) -> None:
+            raise AssertionError(f"a claim waited {seconds} s for a trial with no key")
+
+        monkeypatch.setattr(ledger_module.time, "sleep", no_wait)
+        claim = second.claim(SearchPoint.make({"instance_count": 2}, "concurrency", 1, 1),
+                             wait=False)  # fmt: skip
+        assert claim.state == "mine"
+    finally:
+        first.close()
+        second.close()

@@ -198,11 +198,7 @@ class Ledger:
             optuna.storages.fail_stale_trials(self.study)
             state, done = self._look(key, None)
             if state == "free":
-                ours = self.study.ask()
-                ours.set_user_attr("point", key)
-                ours.set_user_attr("trial", [trial.params_json, trial.load, trial.value,
-                                             trial.batch_size])  # fmt: skip
-                ours.set_user_attr("host", self.owner)
+                ours = self._create(key, trial)
                 self._beat(ours._trial_id)
                 state, done = self._look(key, ours.number)
                 if state == "free":
@@ -213,6 +209,18 @@ class Ledger:
             if not wait:
                 return Claim("busy")
             time.sleep(POLL_S)
+
+    def _create(self, key: str, trial: SearchPoint) -> optuna.Trial:
+        """A running claim trial created with its key, point and owner in one storage call. Set
+        one by one after `ask()`, a process killed between the two left a trial with no key
+        forever, and every later claim of every process waited UNKEYED_WAIT_S for it, twice
+        (a shared-study test once took 285 s instead of ~45)."""
+        template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={
+            "point": key, "host": self.owner,
+            "trial": [trial.params_json, trial.load, trial.value, trial.batch_size],
+        })  # fmt: skip
+        trial_id = self.storage.create_new_trial(self.study._study_id, template_trial=template)
+        return optuna.Trial(self.study, trial_id)
 
     def _look(self, key: str, number: int | None) -> tuple[str, FrozenTrial | None]:
         """free / done / busy for `key`, from the point of view of our trial `number` (None: we
