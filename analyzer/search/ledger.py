@@ -7,9 +7,10 @@ process that claimed it, and once finished the outcome the search needs, the ful
 the config it was measured on -- which is how every process, and `model-analyzer report`, sees
 the results of all of them.
 
-Claims: a process creates a trial and sets the point's key on it; the point belongs to the
-lowest-numbered running trial holding its key. Keys are set milliseconds after creation, so a
-claim first waits for lower-numbered trials whose key is not set yet. Running claims send
+Claims: a process creates a trial that carries the point's key from its creation (one storage
+call); the point belongs to the lowest-numbered running trial holding its key. A running trial
+with no key (made by a version that set the key after creating the trial) is waited for up to
+UNKEYED_WAIT_S. Running claims send
 heartbeats (Optuna's RDB heartbeat); the claim of a process that died is failed after the grace
 period and the point can be claimed again. A point that failed for a real reason (the config does
 not load) keeps its error and is not retried.
