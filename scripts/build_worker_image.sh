@@ -34,9 +34,9 @@ free_mib() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
 # Our own leftovers that nothing can use any more, ~1.6 GiB each: earlier builds of an image name
 # now given to a newer one (untagged), base images of venvs no longer on this machine (a deleted
 # clone) or of this venv's earlier dependency sets (its key can never match again), and scratch
-# root filesystems of builds that were killed (hours old). `docker image rm`
-# without --force keeps any image a tag or a container still uses. Run before a base is built
-# (to make room) and after each build.
+# root filesystems of builds that were killed (hours old). `docker image rm` without --force keeps
+# any image a tag or a container still uses. Run before a base is built (to make room) and after
+# each build.
 prune_stale() {
   find /var/tmp -maxdepth 1 -name 'ma-rootfs.*' -type d -mmin +120 -exec rm -rf {} + 2>/dev/null || true
   docker image prune -f --filter label=model-analyzer.base >/dev/null 2>&1 || true

@@ -208,9 +208,9 @@ def recommended_first(
 def top_across_models(outcome: ProfileOutcome) -> list[ConfigResult]:
     """MA's num_top_model_configs: the best configs of all models in one ranking (meaningful
     when the models share their objectives). Each model's configs keep its own order (its
-    recommendation first, a finalist that left the race after those that finished), and the
-    models' lists are merged by score: a bare sort by score could list a config above the one
-    its own model's side-by-side rounds put ahead of it."""
+    recommendation first, a finalist that left the race placed by its paired difference), and
+    the models' lists are merged by score: a bare sort by score could list a config above the
+    one its own model's side-by-side rounds put ahead of it."""
     queues = [[r for r in m.results if r.best is not None] for m in outcome.models]
     chosen: list[ConfigResult] = []
     while len(chosen) < outcome.config.num_top_model_configs and any(queues):
