@@ -736,8 +736,8 @@ def test_a_claim_is_keyed_from_its_creation_so_a_process_killed_then_stalls_no_o
         with pytest.raises(RuntimeError, match="killed"):
             first.claim(SearchPoint.make({"instance_count": 1}, "concurrency", 1, 1), wait=False)
         monkeypatch.undo()
-        running = [t for t in first.study.get_trials() if t.state.name == "RUNNING"]
-        assert running and all({"point", "host", "trial"} <= set(t.user_attrs) for t in running)
+        left = first.study.get_trials()
+        assert left and all({"point", "host", "trial"} <= set(t.user_attrs) for t in left)
 
         def no_wait(seconds: float) -> None:
             raise AssertionError(f"a claim waited {seconds} s for a trial with no key")
@@ -749,3 +749,61 @@ def test_a_claim_is_keyed_from_its_creation_so_a_process_killed_then_stalls_no_o
     finally:
         first.close()
         second.close()
+
+
+def test_a_claim_whose_process_died_before_its_first_heartbeat_is_taken_over(
+    tmp_path, monkeypatch
+):
+    """A claim created running had no heartbeat until its process beat once, and Optuna fails
+    only trials with a heartbeat as stale: a process on another host killed in between left the
+    point claimed forever, and a process waiting for it waited forever. A claim now runs only
+    once it has beaten; another process fails a claim left waiting and takes the point."""
+    from analyzer.search import ledger as ledger_module
+    from analyzer.search.ledger import Ledger, open_storage
+
+    monkeypatch.setattr(ledger_module, "UNKEYED_WAIT_S", 0.5)
+    storage = open_storage(f"sqlite:///{tmp_path / 'shared.db'}")
+    first, second = Ledger(storage, "s"), Ledger(storage, "s")
+    first.owner = "another-host:4242"  # not this host's, so not seen as dead by its pid
+    point = SearchPoint.make({"instance_count": 1}, "concurrency", 1, 1)
+    try:
+        def killed(*args, **kwargs):
+            raise RuntimeError("killed")
+
+        monkeypatch.setattr(first, "_beat", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            first.claim(point, wait=False)
+        claim = second.claim(point, wait=False)
+        assert claim.state == "mine"
+        states = {t.number: t.state.name for t in second.study.get_trials()}
+        assert states == {0: "FAIL", 1: "RUNNING"}
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_claim_that_took_long_to_run_gives_itself_up_and_claims_again(tmp_path, monkeypatch):
+    """Another process fails a claim left waiting UNKEYED_WAIT_S; a claim that took over half
+    that long from its creation to running gives itself up, so no two processes go on with one
+    point."""
+    from analyzer.search import ledger as ledger_module
+    from analyzer.search.ledger import Ledger, open_storage
+
+    monkeypatch.setattr(ledger_module, "UNKEYED_WAIT_S", 0.4)
+    storage = open_storage(f"sqlite:///{tmp_path / 'shared.db'}")
+    ledger = Ledger(storage, "s")
+    beat = ledger._beat
+    slow = [True]
+
+    def slow_once(trial_id: int) -> None:
+        if slow.pop() if slow else False:
+            ledger_module.time.sleep(0.3)
+        beat(trial_id)
+
+    monkeypatch.setattr(ledger, "_beat", slow_once)
+    try:
+        claim = ledger.claim(SearchPoint.make({"instance_count": 1}, "concurrency", 1, 1), False)
+        assert claim.state == "mine" and claim.trial is not None and claim.trial.number == 1
+        assert [t.state.name for t in ledger.study.get_trials()] == ["PRUNED", "RUNNING"]
+    finally:
+        ledger.close()

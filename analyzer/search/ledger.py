@@ -8,9 +8,10 @@ the config it was measured on -- which is how every process, and `model-analyzer
 the results of all of them.
 
 Claims: a process creates a trial that carries the point's key from its creation (one storage
-call); the point belongs to the lowest-numbered running trial holding its key. A running trial
-with no key (made by a version that set the key after creating the trial) is waited for up to
-UNKEYED_WAIT_S. Running claims send
+call), waiting until its first heartbeat and running from then on; the point belongs to the
+lowest-numbered running trial holding its key. A waiting claim numbered before one's own, or a
+running trial with no key (made by a version that set the key after creating the trial), is
+waited for up to UNKEYED_WAIT_S. Running claims send
 heartbeats (Optuna's RDB heartbeat); the claim of a process that died is failed after the grace
 period and the point can be claimed again. A point that failed for a real reason (the config does
 not load) keeps its error and is not retried.
@@ -200,7 +201,8 @@ class Ledger:
             state, done = self._look(key, None)
             if state == "free":
                 ours = self._create(key, trial)
-                self._beat(ours._trial_id)
+                if ours is None:
+                    continue  # given up before it ran: look again
                 state, done = self._look(key, ours.number)
                 if state == "free":
                     return Claim("mine", trial=ours)
@@ -211,17 +213,37 @@ class Ledger:
                 return Claim("busy")
             time.sleep(POLL_S)
 
-    def _create(self, key: str, trial: SearchPoint) -> optuna.Trial:
-        """A running claim trial created with its key, point and owner in one storage call. Set
-        one by one after `ask()`, a process killed between the two left a trial with no key
-        forever, and every later claim of every process waited UNKEYED_WAIT_S for it, twice
-        (a shared-study test once took 285 s instead of ~45)."""
-        template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={
+    def _create(self, key: str, trial: SearchPoint) -> optuna.Trial | None:
+        """A claim trial that carries its key, point and owner from its creation (one storage
+        call), and runs -- counts as a claim -- only once it has a heartbeat; None if it could
+        not run in time and was given up.
+
+        Created running, a process killed before its first heartbeat left a claim that Optuna
+        never fails (only trials with a heartbeat go stale), and a process on another host
+        waiting for that point waited forever. (Set after `ask()`, attribute by attribute, a
+        kill left a trial with no key that every later claim waited UNKEYED_WAIT_S for, twice.)
+        So it is created waiting; others wait UNKEYED_WAIT_S for a waiting claim numbered before
+        theirs, then fail it. A claim that took over half that long to run gives itself up, so
+        that no process goes on with a claim that another has already failed or overtaken."""
+        started = time.monotonic()
+        template = optuna.trial.create_trial(state=TrialState.WAITING, user_attrs={
             "point": key, "host": self.owner,
             "trial": [trial.params_json, trial.load, trial.value, trial.batch_size],
         })  # fmt: skip
         trial_id = self.storage.create_new_trial(self.study._study_id, template_trial=template)
-        return optuna.Trial(self.study, trial_id)
+        self._beat(trial_id)
+        try:
+            running = self.storage.set_trial_state_values(trial_id, state=TrialState.RUNNING)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            running = False  # another process failed it as abandoned
+        if not running:
+            self._unbeat(trial_id)
+            return None
+        ours = optuna.Trial(self.study, trial_id)
+        if time.monotonic() - started > UNKEYED_WAIT_S / 2:
+            self._drop(ours)
+            return None
+        return ours
 
     def _look(self, key: str, number: int | None) -> tuple[str, FrozenTrial | None]:
         """free / done / busy for `key`, from the point of view of our trial `number` (None: we
@@ -229,28 +251,38 @@ class Ledger:
         deadline = time.monotonic() + UNKEYED_WAIT_S
         while True:
             trials = self.study.get_trials(deepcopy=False)
-            unkeyed = False
+            pending: list[FrozenTrial] = []  # claims before ours that may yet run
             busy = False
             for t in trials:
                 if t.number == number:
                     continue
+                before = number is None or t.number < number
                 if t.user_attrs.get("point") != key:
-                    if (t.state == TrialState.RUNNING and "point" not in t.user_attrs
-                            and (number is None or t.number < number)):  # fmt: skip
-                        unkeyed = True
+                    if t.state == TrialState.RUNNING and "point" not in t.user_attrs and before:
+                        pending.append(t)  # a claim by an older version, its key not yet set
                     continue
                 if t.state == TrialState.COMPLETE or (
                     t.state == TrialState.FAIL and "error" in t.user_attrs
                 ):
                     return "done", t
-                if t.state == TrialState.RUNNING and (number is None or t.number < number):
+                if t.state == TrialState.WAITING and before:
+                    if _dead_here(t.user_attrs.get("host", "")):
+                        self._fail_stale(t)
+                    else:
+                        pending.append(t)
+                if t.state == TrialState.RUNNING and before:
                     if _dead_here(t.user_attrs.get("host", "")):
                         self._fail_stale(t)
                         continue
                     busy = True
             if busy:
                 return "busy", None
-            if not unkeyed or time.monotonic() > deadline:
+            if not pending:
+                return "free", None
+            if time.monotonic() > deadline:
+                for t in pending:
+                    if t.state == TrialState.WAITING:
+                        self._fail_stale(t)  # its process died before its first heartbeat
                 return "free", None
             time.sleep(0.05)
 
@@ -285,7 +317,10 @@ class Ledger:
 
     def _drop(self, ours: optuna.Trial) -> None:
         self._unbeat(ours._trial_id)
-        self.study.tell(ours, state=TrialState.PRUNED)  # a claim that lost the race
+        try:
+            self.study.tell(ours, state=TrialState.PRUNED)  # a claim that lost the race
+        except ValueError:
+            pass  # already failed by another process as abandoned
 
     def release(self, claim: Claim) -> None:
         """Give a claim back unmeasured (the run is ending): another process may take it."""
