@@ -761,7 +761,7 @@ def test_a_claim_whose_process_died_before_its_first_heartbeat_is_taken_over(
     from analyzer.search import ledger as ledger_module
     from analyzer.search.ledger import Ledger, open_storage
 
-    monkeypatch.setattr(ledger_module, "UNKEYED_WAIT_S", 0.5)
+    monkeypatch.setattr(ledger_module, "UNKEYED_WAIT_S", 2.0)  # a live claim runs in ms
     storage = open_storage(f"sqlite:///{tmp_path / 'shared.db'}")
     first, second = Ledger(storage, "s"), Ledger(storage, "s")
     first.owner = "another-host:4242"  # not this host's, so not seen as dead by its pid
@@ -789,7 +789,7 @@ def test_a_claim_that_took_long_to_run_gives_itself_up_and_claims_again(tmp_path
     from analyzer.search import ledger as ledger_module
     from analyzer.search.ledger import Ledger, open_storage
 
-    monkeypatch.setattr(ledger_module, "UNKEYED_WAIT_S", 0.4)
+    monkeypatch.setattr(ledger_module, "UNKEYED_WAIT_S", 4.0)  # a live claim runs in ms
     storage = open_storage(f"sqlite:///{tmp_path / 'shared.db'}")
     ledger = Ledger(storage, "s")
     beat = ledger._beat
@@ -797,7 +797,7 @@ def test_a_claim_that_took_long_to_run_gives_itself_up_and_claims_again(tmp_path
 
     def slow_once(trial_id: int) -> None:
         if slow.pop() if slow else False:
-            ledger_module.time.sleep(0.3)
+            ledger_module.time.sleep(2.5)
         beat(trial_id)
 
     monkeypatch.setattr(ledger, "_beat", slow_once)
