@@ -265,16 +265,13 @@ class Ledger:
                     t.state == TrialState.FAIL and "error" in t.user_attrs
                 ):
                     return "done", t
-                if t.state == TrialState.WAITING and before:
+                if t.state in (TrialState.WAITING, TrialState.RUNNING) and before:
                     if _dead_here(t.user_attrs.get("host", "")):
                         self._fail_stale(t)
-                    else:
+                    elif t.state == TrialState.WAITING:
                         pending.append(t)
-                if t.state == TrialState.RUNNING and before:
-                    if _dead_here(t.user_attrs.get("host", "")):
-                        self._fail_stale(t)
-                        continue
-                    busy = True
+                    else:
+                        busy = True
             if busy:
                 return "busy", None
             if not pending:
