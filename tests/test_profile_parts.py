@@ -807,3 +807,31 @@ def test_a_claim_that_took_long_to_run_gives_itself_up_and_claims_again(tmp_path
         assert [t.state.name for t in ledger.study.get_trials()] == ["PRUNED", "RUNNING"]
     finally:
         ledger.close()
+
+
+def test_a_storage_too_slow_to_register_a_claim_is_an_error_not_an_endless_retry(
+    tmp_path, monkeypatch
+):
+    """A claim that took over half of UNKEYED_WAIT_S to run gives itself up and claims again; on
+    a storage that is always that slow it used to retry for ever, the search silently stuck. A
+    few give-ups in a row now end the run with an error that names the storage and the times."""
+    from analyzer.search import ledger as ledger_module
+    from analyzer.search.ledger import Ledger, StudyStorageError, open_storage
+
+    monkeypatch.setattr(ledger_module, "UNKEYED_WAIT_S", 0.2)
+    storage = open_storage(f"sqlite:///{tmp_path / 'shared.db'}")
+    ledger = Ledger(storage, "s")
+    beat = ledger._beat
+
+    def slow(trial_id: int) -> None:  # every claim takes longer than the 0.1 s allowed
+        ledger_module.time.sleep(0.15)
+        beat(trial_id)
+
+    monkeypatch.setattr(ledger, "_beat", slow)
+    try:
+        with pytest.raises(StudyStorageError, match=r"--storage 'sqlite:///.*shared\.db' took "
+                           r"\d+\.\d, \d+\.\d, \d+\.\d s to register 3 claims in a row"):
+            ledger.claim(SearchPoint.make({"instance_count": 1}, "concurrency", 1, 1), True)
+        assert [t.state.name for t in ledger.study.get_trials()] == ["PRUNED"] * 3
+    finally:
+        ledger.close()

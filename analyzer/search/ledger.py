@@ -11,8 +11,9 @@ Claims: a process creates a trial that carries the point's key from its creation
 call), waiting until its first heartbeat and running from then on; the point belongs to the
 lowest-numbered running trial holding its key. A waiting claim numbered before one's own, or a
 running trial with no key (made by a version that set the key after creating the trial), is
-waited for up to UNKEYED_WAIT_S. Running claims send
-heartbeats (Optuna's RDB heartbeat); the claim of a process that died is failed after the grace
+waited for up to UNKEYED_WAIT_S; a claim that took over half that to run is given up and made
+again, and GIVE_UPS of those in a row end the run (the storage is too slow to share). Running
+claims send heartbeats (Optuna's RDB heartbeat); the claim of a process that died is failed after the grace
 period and the point can be claimed again. A point that failed for a real reason (the config does
 not load) keeps its error and is not retried.
 """
@@ -42,6 +43,7 @@ HEARTBEAT_S = 5
 GRACE_S = 20
 UNKEYED_WAIT_S = 10.0  # a trial created before ours sets its key within this time or never
 POLL_S = 0.5
+GIVE_UPS = 3  # claims in a row given up as too slow to run: the storage is too slow to share
 
 # Heartbeats are used here with ask/tell, which Optuna supports but warns about.
 warnings.filterwarnings("ignore", category=ExperimentalWarning)
@@ -196,13 +198,18 @@ class Ledger:
         """Claim the point, or learn that it is done; with `wait`, a point another process is
         measuring is waited for (its result, or its claim going stale) instead of answered busy."""
         key = study_point_id(trial)
+        slow: list[float] = []  # seconds each claim given up in a row took to create and run
         while True:
             optuna.storages.fail_stale_trials(self.study)
             state, done = self._look(key, None)
             if state == "free":
+                started = time.monotonic()
                 ours = self._create(key, trial)
-                if ours is None:
-                    continue  # given up before it ran: look again
+                if ours is None:  # given up before it ran: look again, but not for ever
+                    slow.append(time.monotonic() - started)
+                    if len(slow) >= GIVE_UPS:
+                        raise StudyStorageError(self._too_slow(slow))
+                    continue
                 state, done = self._look(key, ours.number)
                 if state == "free":
                     return Claim("mine", trial=ours)
@@ -244,6 +251,17 @@ class Ledger:
             self._drop(ours)
             return None
         return ours
+
+    def _too_slow(self, took: list[float]) -> str:
+        url = getattr(self.storage, "url", "")
+        return (
+            f"--storage '{redact_url(url)}' took "
+            + ", ".join(f"{s:.1f}" for s in took)
+            + f" s to register {len(took)} claims in a row, over the {UNKEYED_WAIT_S / 2:g} s "
+            "that processes sharing a study allow (they take over a claim that has not started "
+            f"within {UNKEYED_WAIT_S:g} s); use a storage this host reaches faster or one less "
+            "loaded"
+        )
 
     def _look(self, key: str, number: int | None) -> tuple[str, FrozenTrial | None]:
         """free / done / busy for `key`, from the point of view of our trial `number` (None: we
