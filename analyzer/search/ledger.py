@@ -13,9 +13,9 @@ lowest-numbered running trial holding its key. A waiting claim numbered before o
 running trial with no key (made by a version that set the key after creating the trial), is
 waited for up to UNKEYED_WAIT_S; a claim that took over half that to run is given up and made
 again, and GIVE_UPS of those in a row end the run (the storage is too slow to share). Running
-claims send heartbeats (Optuna's RDB heartbeat); the claim of a process that died is failed after the grace
-period and the point can be claimed again. A point that failed for a real reason (the config does
-not load) keeps its error and is not retried.
+claims send heartbeats (Optuna's RDB heartbeat); the claim of a process that died is failed
+after the grace period and the point can be claimed again. A point that failed for a real reason
+(the config does not load) keeps its error and is not retried.
 """
 
 from __future__ import annotations
