@@ -1,4 +1,5 @@
-"""File-system safety for what a profile run writes: atomic files and the output model repository.
+"""File-system safety: reading the user's small text files, and what a profile run writes (atomic
+files and the output model repository).
 
 Results and reports are replaced whole (temp file, fsync, rename, fsync of the folder), so a crash
 or a full disk leaves the previous file, never half of one. The output model repository is the one
@@ -11,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,62 @@ MARKER_TEXT = (
 
 class FolderError(AnalyzerError):
     """A folder cannot be used as asked; the message names it and says what to do."""
+
+
+class UserFileError(AnalyzerError):
+    """A file the user named cannot be read as text: where (the path, maybe a line), what is
+    wrong, and what to do, kept apart for the repository check's findings."""
+
+    def __init__(self, where: str, problem: str, fix: str) -> None:
+        super().__init__(f"{where}: {problem}; {fix}")
+        self.where, self.problem, self.fix = where, problem, fix
+
+
+# ---- the user's text files ----------------------------------------------------------------------
+TEXT_LIMIT = 16 << 20  # a config or YAML file larger than this is not one
+
+
+def read_user_bytes(path: Path | str, limit: int = TEXT_LIMIT) -> bytes:
+    """A small file's bytes. Only a regular file is read (a FIFO would block for ever, /dev/zero
+    never end), and at most `limit` bytes."""
+    path = Path(path)
+    plain = "make it a plain file"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if path.is_symlink():
+            raise UserFileError(str(path), f"is a broken symlink (to '{os.readlink(path)}')",
+                                "point it at the file, or put the file there") from None
+        raise UserFileError(str(path), f"cannot be read ({err.strerror})",
+                            "check that it exists and is readable") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise UserFileError(str(path), f"is {kind}", plain)
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise UserFileError(str(path), f"is over {limit >> 20} MiB", plain)
+    return data
+
+
+def read_user_text(path: Path | str, limit: int = TEXT_LIMIT) -> str:
+    """A small UTF-8 text file's content (see read_user_bytes); a byte that is not UTF-8, or a
+    byte-order mark, is named."""
+    data = read_user_bytes(path, limit)
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise UserFileError(str(path), "starts with a UTF-8 byte-order mark",
+                            "save it without one")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserFileError(
+            f"{path}, line {line}",
+            f"is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
+            "save it as UTF-8",
+        ) from None
 
 
 # ---- atomic files -------------------------------------------------------------------------------

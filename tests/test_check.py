@@ -188,3 +188,89 @@ def test_profile_refuses_a_broken_model_with_the_same_lines(broken: Path, tmp_pa
     assert "unknown field 'max_batch_sizes' in ModelConfig; did you mean 'max_batch_size'?" in text
     assert not list((tmp_path / "OUT").glob("typo*"))  # refused before a variant was made
     assert "starting the worker" not in run.stdout
+
+
+ADD_SUB = """name: "{name}"
+backend: "python"
+max_batch_size: {mbs}
+input [ {{ name: "{input}" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+{extra}
+"""
+
+
+def _add_sub(repo: Path, name: str, mbs: int = 8, input: str = "IN", dims: str = "4",
+             extra: str = "") -> None:  # fmt: skip
+    _python_model(repo, name, ADD_SUB.format(name=name, mbs=mbs, input=input, dims=dims,
+                                             extra=extra))  # fmt: skip
+
+
+def test_files_that_are_not_text_and_configs_triton_refuses_are_named_never_a_traceback(
+    tmp_path: Path,
+):
+    """Each was a traceback, a hang or "no problems found": a config that is not UTF-8, starts
+    with a byte-order mark, is a FIFO (the check blocked for ever), /dev/zero (read without end),
+    a folder or a broken link; a version folder '²' (int() failed); a default_model_filename in
+    a missing folder; and configs Triton's core refuses (a dim of 0 or -5, a negative
+    max_batch_size, an input with no name, a preferred batch size of 0 or over the maximum)."""
+    import os
+
+    repo = tmp_path / "repo"
+    for name in ("latin1", "bom", "fifo", "zero", "folder", "dangling"):
+        _python_model(repo, name)
+    (repo / "latin1" / "config.pbtxt").write_bytes(b'name: "latin1"\nbackend: "python" # \xe9\n')
+    (repo / "bom" / "config.pbtxt").write_bytes(b'\xef\xbb\xbfname: "bom"\n')
+    os.mkfifo(repo / "fifo" / "config.pbtxt")
+    (repo / "zero" / "config.pbtxt").symlink_to("/dev/zero")
+    (repo / "folder" / "config.pbtxt").mkdir()
+    (repo / "dangling" / "config.pbtxt").symlink_to(tmp_path / "nowhere.pbtxt")
+    _add_sub(repo, "superscript")
+    (repo / "superscript" / "1").rename(repo / "superscript" / "²")
+    _add_sub(repo, "subfolder", extra='default_model_filename: "sub/model.py"')
+    _add_sub(repo, "zerodim", dims="0")
+    _add_sub(repo, "negdim", dims="-5")
+    _add_sub(repo, "negmbs", mbs=-3)
+    _add_sub(repo, "noname", input="")
+    _add_sub(repo, "pref0", extra="dynamic_batching { preferred_batch_size: [ 0 ] }")
+    _add_sub(repo, "pref64", extra="dynamic_batching { preferred_batch_size: [ 64 ] }")
+    run = _lines(repo)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    expected = [
+        "latin1/config.pbtxt, line 2: is not UTF-8 text (byte 0xe9 at offset 35); save it as "
+        "UTF-8",
+        "bom/config.pbtxt: starts with a UTF-8 byte-order mark; save it without one",
+        "fifo/config.pbtxt: is not a regular file",
+        "zero/config.pbtxt: is not a regular file",
+        "folder/config.pbtxt: is a folder",
+        "dangling/config.pbtxt: is a broken symlink (to ",
+        "superscript: has no numeric version folder",
+        "subfolder/1/sub/model.py: is missing (python's model file); put the python model there "
+        "as sub/model.py",
+        "zerodim/config.pbtxt: input 'IN' has dims [0]; each must be 1 or more, or -1 for a size "
+        "that varies; Triton would not load it either",
+        "negdim/config.pbtxt: input 'IN' has dims [-5]",
+        "negmbs/config.pbtxt: max_batch_size is -3; it must be 0 (no batching) or more",
+        "noname/config.pbtxt: input #1 has no 'name'",
+        "pref0/config.pbtxt: dynamic_batching.preferred_batch_size 0 must be 1 or more",
+        "pref64/config.pbtxt: dynamic_batching.preferred_batch_size 64 is larger than "
+        "max_batch_size 8",
+    ]
+    for line in expected:
+        assert line in run.stdout, f"missing: {line}\n---\n{run.stdout}"
+
+
+def test_the_worker_refuses_to_load_what_triton_refuses(tmp_path: Path):
+    """`serve` loaded a preferred batch size over the maximum as READY (the batcher dropped it
+    without a word) and a dim of 0 failed only inside the model; the load now fails as
+    Triton's does, naming the file and the field."""
+    from analyzer.worker.manager import ModelManager
+
+    repo = tmp_path / "repo"
+    _add_sub(repo, "pref64", extra="dynamic_batching { preferred_batch_size: [ 64 ] }")
+    _add_sub(repo, "zerodim", dims="0")
+    errors = ModelManager(repo).startup([])
+    assert len(errors) == 2, errors
+    assert any("pref64/config.pbtxt: dynamic_batching.preferred_batch_size 64 is larger than "
+               "max_batch_size 8" in e for e in errors), errors  # fmt: skip
+    assert any("zerodim/config.pbtxt: input 'IN' has dims [0]" in e for e in errors), errors

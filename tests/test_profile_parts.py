@@ -123,10 +123,12 @@ def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):
         ("profile_models: [a]\n", ["--batch-sizes", "1,x"], "'batch_sizes' has 'x'"),
         ("profile_models: [a]\n", ["--no-such-flag", "1"], "unrecognized arguments"),
         ("a: [1\n", [], "is not valid YAML at line"),
+        ("a: caf\xe9\n", [], "c.yaml, line 2: is not UTF-8 text (byte 0xe9 at offset"),
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_key(tmp_path, yaml_text, argv, needle):
-    (tmp_path / "c.yaml").write_text(f"model_repository: {EXAMPLES}\n" + yaml_text)
+    (tmp_path / "c.yaml").write_bytes(  # latin-1: a test writes a byte that is not UTF-8
+        f"model_repository: {EXAMPLES}\n".encode() + yaml_text.encode("latin-1"))
     with pytest.raises(ProfileConfigError) as err:
         load_profile_config(["-f", str(tmp_path / "c.yaml"), *argv], cwd=tmp_path)
     assert needle in str(err.value)

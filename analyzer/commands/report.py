@@ -99,14 +99,16 @@ def _settings(config_file: Path | None, flags: dict[str, Any]) -> tuple[dict[str
     without an effect here."""
     import yaml
 
+    from analyzer.fsutil import UserFileError, read_user_text
+
     raw: dict[str, Any] = {}
     where = "the command line"
     if config_file is not None:
         where = str(config_file)
         try:
-            raw = yaml.safe_load(config_file.read_text()) or {}
-        except OSError as err:
-            raise _BadInput(f"config file '{config_file}' cannot be read: {err.strerror}") from None
+            raw = yaml.safe_load(read_user_text(config_file)) or {}
+        except UserFileError as err:
+            raise _BadInput(f"config file {err}") from None
         except yaml.YAMLError as err:
             raise _BadInput(f"config file '{config_file}' is not valid YAML: {err}") from None
         if not isinstance(raw, dict):

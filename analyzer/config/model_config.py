@@ -16,6 +16,7 @@ from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from analyzer.errors import AnalyzerError
+from analyzer.fsutil import UserFileError, read_user_text
 
 ModelConfig: Any = model_config_pb2.ModelConfig  # generated protobuf class (no stubs)
 
@@ -32,6 +33,14 @@ class ConfigError(AnalyzerError):
     """A config the user wrote is invalid; the message names the file, line and field."""
 
 
+class ConfigReadError(ConfigError):
+    """A config file that cannot be read as text at all (see fsutil.read_user_text)."""
+
+    def __init__(self, err: UserFileError) -> None:
+        super().__init__(str(err))
+        self.where, self.problem, self.fix = err.where, err.problem, err.fix
+
+
 def parse_model_config(text: str, source: str = "<config>") -> ModelConfig:
     config = ModelConfig()
     try:
@@ -39,6 +48,9 @@ def parse_model_config(text: str, source: str = "<config>") -> ModelConfig:
     except text_format.ParseError as err:
         raise ConfigError(_describe_parse_error(source, err)) from None
     return config
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # a terminal must not get these raw
 
 
 def _describe_parse_error(source: str, err: text_format.ParseError) -> str:
@@ -49,15 +61,15 @@ def _describe_parse_error(source: str, err: text_format.ParseError) -> str:
         line = int(match.group(1))
         message = match.group(3)
     where = f"{source}, line {line}" if line else source
+    message = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message)  # shown, not sent
     return f"{where}: {message}"
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot be read ({err.strerror})") from None
+        text = read_user_text(path)
+    except UserFileError as err:
+        raise ConfigReadError(err) from None
     return parse_model_config(text, str(path))
 
 

@@ -21,6 +21,7 @@ import socket
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import IO
+from urllib.parse import quote
 
 from analyzer.errors import AnalyzerError
 from analyzer.worker.restrict import KEY_HEADER, REPOSITORY_KEY_ENV
@@ -92,7 +93,7 @@ class Launcher(ABC):
     # ---- repository API (KServe v2 / Triton) --------------------------------------------------
     def load(self, name: str, timeout_s: float = 600.0) -> None:
         """Load `name` from the worker's repository; LaunchError with the worker's reason."""
-        self._repository_call(f"/v2/repository/models/{name}/load", timeout_s)
+        self._repository_call(f"/v2/repository/models/{quote(name, safe='')}/load", timeout_s)
 
     def check(self) -> None:  # noqa: B027 - a local worker needs nothing checked beforehand
         """LaunchSetupError when no worker can run at all (no daemon, no image, no server)."""
@@ -105,7 +106,7 @@ class Launcher(ABC):
     def unload(self, name: str, timeout_s: float = 120.0) -> None:
         """Unload `name`, and the composing models of an ensemble variant with it (those no
         other loaded ensemble calls): Triton's unload_dependents, a no-op for other models."""
-        self._repository_call(f"/v2/repository/models/{name}/unload", timeout_s,
+        self._repository_call(f"/v2/repository/models/{quote(name, safe='')}/unload", timeout_s,
                               {"parameters": {"unload_dependents": True}})  # fmt: skip
 
     def _repository_call(self, path: str, timeout_s: float, body: dict | None = None) -> None:

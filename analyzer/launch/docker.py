@@ -369,7 +369,7 @@ def _numeric_ids(user: str) -> tuple[int, int | None] | None:
     uid, _, gid = user.partition(":")
     if user in ("root", "0") or uid == "root":
         return (0, 0)
-    if not uid.isdigit() or (gid and not gid.isdigit()):
+    if not user.isascii() or not uid.isdigit() or (gid and not gid.isdigit()):
         return None
     return int(uid), int(gid) if gid else None
 

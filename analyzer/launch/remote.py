@@ -116,6 +116,6 @@ def _host_port(url: str, field: str) -> str:
     secure = url.startswith("https://")
     text = url.split("://", 1)[-1].rstrip("/")
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isascii() or not port.isdigit():
         raise LaunchSetupError(f"{field} '{url}' is not host:port")
     return f"https://{text}" if secure else text

@@ -11,6 +11,7 @@ import http.client
 import json
 from abc import ABC, abstractmethod
 from typing import Any
+from urllib.parse import quote
 
 from analyzer.tls import ClientTls
 
@@ -89,7 +90,7 @@ class HttpControl(ControlClient):
             self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def _model_path(self) -> str:
-        base = f"/v2/models/{self.model}"
+        base = f"/v2/models/{quote(self.model, safe='')}"
         return f"{base}/versions/{self.version}" if self.version else base
 
     def _get(self, path: str, body: dict | None = None) -> dict[str, Any]:
@@ -147,10 +148,10 @@ class HttpControl(ControlClient):
 
     def load_model(self, name: str, config_json: str = "") -> None:
         body = {"parameters": {"config": config_json}} if config_json else {}
-        self._get(f"/v2/repository/models/{name}/load", body)
+        self._get(f"/v2/repository/models/{quote(name, safe='')}/load", body)
 
     def unload_model(self, name: str) -> None:
-        self._get(f"/v2/repository/models/{name}/unload",
+        self._get(f"/v2/repository/models/{quote(name, safe='')}/unload",
                   {"parameters": {"unload_dependents": True}})  # fmt: skip
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import quote
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def parse_headers(values: list[str] | tuple[str, ...], flag: str = "-H") -> Head
 
 
 def http_infer_path(model: str, version: str = "") -> str:
-    base = f"/v2/models/{model}"
+    base = f"/v2/models/{quote(model, safe='')}"  # as tritonclient does
     return f"{base}/versions/{version}/infer" if version else f"{base}/infer"
 
 

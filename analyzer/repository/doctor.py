@@ -20,7 +20,14 @@ from pathlib import Path
 from google.protobuf import descriptor_pool
 from tritonclient.grpc import model_config_pb2
 
-from analyzer.config.model_config import ConfigError, ModelConfig, load_model_config
+from analyzer.config.config_rules import config_problems
+from analyzer.config.model_config import (
+    ConfigError,
+    ConfigReadError,
+    ModelConfig,
+    load_model_config,
+)
+from analyzer.fsutil import UserFileError, read_user_bytes
 from analyzer.repository.repository import (
     BACKENDS,
     CONFIG_FILE,
@@ -40,6 +47,9 @@ _ONNX_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16"
                6: "TYPE_INT32", 7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL",
                10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32", 13: "TYPE_UINT64",
                16: "TYPE_BF16"}  # fmt: skip
+
+
+AUTO_COMPLETING = {"python", "onnxruntime"}  # backends whose load may fill a tensor's fields
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,8 @@ def check_repository(
 def _root_problems(root: Path) -> list[Finding]:
     """A model folder given as the repository (the seed's mistake): Triton would take its
     version folder '1' for a model."""
-    numeric = [p.name for p in root.iterdir() if p.is_dir() and p.name.isdigit()]
+    numeric = [p.name for p in root.iterdir()
+               if p.is_dir() and p.name.isascii() and p.name.isdigit()]  # fmt: skip
     if not (root / CONFIG_FILE).exists() and not numeric:
         return []
     name = root.resolve().name
@@ -137,6 +148,8 @@ class _ModelCheck:
             self.add(self.config_path, _after_path(str(err), self.config_path), "fix that field")
             return self.findings
         self._tensor_names(config)
+        for problem in config_problems(config, data_types=backend not in AUTO_COMPLETING):
+            self.add(self.config_path, problem, "Triton would not load it either")
         self._kinds(config)
         self._warmup(config)
         if backend == "pytorch" and not (config.input and config.output):
@@ -153,7 +166,7 @@ class _ModelCheck:
 
     # -- the config ---------------------------------------------------------------------------
     def _config(self) -> ModelConfig | None:
-        if not self.config_path.exists():
+        if not self.config_path.exists() and not self.config_path.is_symlink():
             nested = sorted(self.folder.glob(f"*/{CONFIG_FILE}"))
             if nested:
                 rel = nested[0].relative_to(self.root)
@@ -163,6 +176,9 @@ class _ModelCheck:
             return ModelConfig()  # python and onnx models may go without (auto-complete)
         try:
             return load_model_config(self.config_path)
+        except ConfigReadError as err:
+            self.add(err.where, err.problem, err.fix)
+            return None
         except ConfigError as err:
             self._parse_error(str(err))
             return None
@@ -243,7 +259,11 @@ class _ModelCheck:
         filename = config.default_model_filename or BACKENDS[backend][1]
         path = self.folder / str(version) / filename
         if not path.exists():
-            others = sorted(p.name for p in path.parent.iterdir() if p.is_file())
+            folder = self.folder / str(version)
+            others = []  # hints only for a plain file name, and never a hidden file
+            if path.parent == folder:
+                others = sorted(p.name for p in folder.iterdir()
+                                if p.is_file() and not p.name.startswith("."))  # fmt: skip
             fix = (f"rename {self.name}/{version}/{others[0]} to {filename}, or set "
                    f"default_model_filename: \"{others[0]}\"" if others
                    else f"put the {backend} model there as {filename}")  # fmt: skip
@@ -258,7 +278,9 @@ class _ModelCheck:
 
     def _python(self, path: Path) -> None:
         try:
-            compile(path.read_bytes(), str(path), "exec")
+            compile(read_user_bytes(path), str(path), "exec")
+        except UserFileError as err:
+            self.add(err.where, err.problem, err.fix)
         except SyntaxError as err:
             self.add(f"{path}, line {err.lineno}", f"does not compile: {err.msg}",
                      "fix the Python syntax (the file was compiled, not run)")  # fmt: skip

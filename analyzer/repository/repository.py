@@ -98,8 +98,10 @@ def list_models(repository: str | Path) -> list[str]:
 
 
 def available_versions(model_path: Path) -> list[int]:
-    """Numeric sub-folders only; anything else (e.g. '__pycache__', 'notes') is ignored."""
-    return sorted(int(p.name) for p in model_path.iterdir() if p.is_dir() and p.name.isdigit())
+    """Numeric sub-folders only (ASCII digits, as Triton reads them); anything else (e.g.
+    '__pycache__', 'notes', '²') is ignored."""
+    return sorted(int(p.name) for p in model_path.iterdir()
+                  if p.is_dir() and p.name.isascii() and p.name.isdigit())  # fmt: skip
 
 
 def read_model(
@@ -112,7 +114,7 @@ def read_model(
     if config_override is not None:
         config = ModelConfig()
         config.CopyFrom(config_override)
-    elif config_path.exists():
+    elif config_path.exists() or config_path.is_symlink():  # a broken link is an error
         try:
             config = load_model_config(config_path)
         except ConfigError as err:

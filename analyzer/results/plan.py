@@ -214,7 +214,8 @@ def _worker_cores(results: dict[str, Any]) -> int:
     for part in str(cpus).split(","):
         if "-" in part:
             low, _, high = part.partition("-")
-            count += int(high) - int(low) + 1 if low.isdigit() and high.isdigit() else 0
-        elif part.strip().isdigit():
+            whole = (low + high).isascii() and low.isdigit() and high.isdigit()
+            count += int(high) - int(low) + 1 if whole else 0
+        elif part.strip().isascii() and part.strip().isdigit():
             count += 1
     return count or int((results.get("machine") or {}).get("cpu_count") or 1)

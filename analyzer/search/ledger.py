@@ -133,7 +133,9 @@ def owner_id() -> str:
 def _dead_here(owner: str) -> bool:
     """The claim's process ran on this host and is gone (no need to wait for its heartbeat)."""
     host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+    if host != socket.gethostname() or not (pid.isascii() and pid.isdigit()):
+        return False
+    if int(pid) == os.getpid():
         return False
     try:
         os.kill(int(pid), 0)

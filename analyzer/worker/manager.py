@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from analyzer.config.config_rules import config_problems
 from analyzer.config.model_config import ConfigError, ModelConfig, model_config_from_json
 from analyzer.repository.repository import (
+    CONFIG_FILE,
     ENSEMBLE,
     ModelSource,
     RepositoryError,
@@ -364,10 +366,12 @@ class ModelManager:
                override: ModelConfig | None) -> dict[int, Served]:  # fmt: skip
         source = read_model(repository, name, override)
         if source.backend == ENSEMBLE:
+            _refuse_what_triton_refuses(source)
             return self._build_ensemble(source)
         backend = self._backend(source.backend)
         if self.auto_complete:
             backend.auto_complete(source, source.versions[-1])
+        _refuse_what_triton_refuses(source)
         built: dict[int, Served] = {}
         try:
             for version in source.versions:
@@ -513,3 +517,12 @@ def _decode_upload(key: str, content: object) -> bytes:
         return base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
         raise ConfigError(f"parameter '{key}' is not valid base64") from None
+
+
+def _refuse_what_triton_refuses(source: ModelSource) -> None:
+    """A config Triton's core would not load (after auto-complete): the first problem, with the
+    file, as the load's error."""
+    problems = config_problems(source.config)
+    if problems:
+        where = "the config override" if source.overridden else str(source.path / CONFIG_FILE)
+        raise ConfigError(f"{where}: {problems[0]}")

@@ -265,7 +265,7 @@ def _thread_budget(config: ModelConfig, cpu_instances: int) -> int:
     for key in _THREAD_PARAMS:
         if key in config.parameters:
             value = config.parameters[key].string_value
-            if value.isdigit() and int(value) > 0:
+            if value.isascii() and value.isdigit() and int(value) > 0:
                 return int(value)
             raise ValueError(
                 f"parameter '{key}' of model '{config.name}' must be a positive integer, "
