@@ -90,3 +90,15 @@ def test_explicit_mode_on_a_non_loopback_address_warns(capsys):
     guarded = build("--http-restricted-api", ["model-repository:k=v"], environ={})
     assert "--http-restricted-api" not in warned("10.1.2.3", rules=guarded)
     assert "warning" in warned("10.1.2.3", rules=guarded)
+
+
+def test_our_clients_quote_a_model_name_as_tritonclient_does():
+    """A model folder 'add sub' passed the check, then profile died with http.client's
+    InvalidURL: the load and infer paths carried the name raw."""
+    from urllib.parse import unquote
+
+    from analyzer.loadgen.payload import http_infer_path
+
+    path = http_infer_path("add sub/..", "1")
+    assert path == "/v2/models/add%20sub%2F../versions/1/infer"
+    assert unquote(path.split("/")[3]) == "add sub/.."  # the worker unquotes the segment
