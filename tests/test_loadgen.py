@@ -277,6 +277,10 @@ def test_requests_from_shapes_and_json(tmp_path):
     requests = make_requests(io, batch_size=2, shapes=parse_shapes(["X:5,3"]))
     assert requests[0]["X"].shape == (2, 5, 3) and requests[0]["S"].shape == (2, 1)
     assert make_requests(io, input_data="zero", shapes={"X": (1, 3)})[0]["X"].sum() == 0
+    # a shape no request could carry is named, not allocated (it was a 65 TiB MemoryError)
+    with pytest.raises(InputError, match=r"input 'X' of model 'm' makes one request "
+                       r"1,000\.0 GiB \(shape \[\d+, 3\], batch 1\), more than the 2 GiB"):
+        make_requests(io, shapes={"X": (1000 * (1 << 30) // 12, 3)})
     path = tmp_path / "in.json"
     path.write_text(json.dumps({"data": [{"X": [1, 2, 3, 4, 5, 6], "S": ["a"]},
                                          {"X": [0, 0, 0], "S": ["b"]}]}))  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,32 @@ def _resolve_shape(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> tupl
             f"--shape {spec.name}:d1,d2,..."
         )
     return spec.shape
+
+
+REQUEST_LIMIT = (2 << 30) - 1  # the most a gRPC (protobuf) message can carry; HTTP's is less
+
+
+def _check_request_size(io: ModelIO, shapes: dict[str, tuple[int, ...]], batch_size: int,
+                        string_length: int) -> None:  # fmt: skip
+    """A shape whose request could never be sent (a config's dims of 9000000000000) is named
+    before its tensors are made, not met as an allocation of terabytes."""
+    total = 0
+    for spec in io.inputs:
+        count = batch_size * math.prod(shapes[spec.name])
+        size = (4 + string_length if spec.datatype == "BYTES"
+                else wire_to_numpy(spec.datatype).itemsize)  # fmt: skip
+        total += count * size
+        if total > REQUEST_LIMIT:
+            raise InputError(
+                f"input '{spec.name}' of model '{io.name}' makes one request "
+                f"{_gib(total)} (shape {list(shapes[spec.name])}, batch {batch_size}), more than "
+                f"the 2 GiB a request can carry; give a smaller shape with --shape {spec.name}:"
+                "d1,d2,..."
+            )
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):,.1f} GiB"
 
 
 def _synthetic(spec: TensorSpec, shape: tuple[int, ...], kind: str, rng, string_length: int):
@@ -232,8 +259,10 @@ def make_requests(
         )
     if input_data in ("random", "zero"):
         rng = np.random.default_rng(seed)
+        resolved = {s.name: _resolve_shape(s, shapes) for s in io.inputs}
+        _check_request_size(io, resolved, batch_size, string_length)
         sample = {
-            s.name: _synthetic(s, _resolve_shape(s, shapes), input_data, rng, string_length)
+            s.name: _synthetic(s, resolved[s.name], input_data, rng, string_length)
             for s in io.inputs
         }
         return _batch([sample], batch_size, io)
