@@ -38,3 +38,17 @@ def test_consoles_off_a_terminal_get_room(monkeypatch):
     assert make_console().width == NOT_A_TERMINAL_WIDTH
     monkeypatch.setenv("COLUMNS", "90")
     assert make_console(stderr=True).width == 90  # the user's COLUMNS still wins
+
+
+def test_a_many_line_error_shows_its_cause_on_one_line():
+    """A TorchScript failure's first line only says that an operation failed; profile showed
+    just that, and the cause stayed in the results file."""
+    from analyzer.report.console import headline
+
+    error = ("RuntimeError: The following operation failed in the TorchScript interpreter.\n"
+             "Traceback of TorchScript (most recent call last):\n  File \"code.py\", line 9\n"
+             "RuntimeError: Input type (int) and bias type (float) should be the same\n")
+    assert headline(error) == (
+        "RuntimeError: The following operation failed in the TorchScript interpreter. ... "
+        "RuntimeError: Input type (int) and bias type (float) should be the same")
+    assert headline("one line\n") == "one line"

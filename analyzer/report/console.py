@@ -18,6 +18,19 @@ from analyzer.results.together import per_model
 from analyzer.terminal import print_whole
 
 
+def headline(error: str) -> str:
+    """One line for an error that may run to many: its first, and its last when that says more
+    (TorchScript's first line is only "The following operation failed in the TorchScript
+    interpreter."; its cause, e.g. "RuntimeError: Input type (int) and bias type (float) should
+    be the same", is its last)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return error
+    if len(lines) > 1 and lines[-1] != lines[0]:
+        return f"{lines[0]} ... {lines[-1]}"
+    return lines[0]
+
+
 def _load_label(load: str, value: int) -> str:
     return f"c={value}" if load == "concurrency" else f"{value} req/s"
 
@@ -99,7 +112,7 @@ class ProgressDisplay:
                 f"{m.metrics['perf_latency_p99']:8.3f} ms"
             )
         elif event == "config_failed":
-            self.console.print(f"  [red]{result.name} failed: {result.error.splitlines()[0]}[/]")
+            self.console.print(f"  [red]{result.name} failed: {escape(headline(result.error))}[/]")
 
     def _run_event(self, event: str, data: dict[str, Any]) -> None:
         """The events of the run and of a model as a whole (no config of theirs)."""
@@ -272,7 +285,7 @@ def _print_verdict(console: Console, model: ModelOutcome, measured: list[ConfigR
     for r in model.results:
         if r.error:
             console.print(f"  [red]failed[/] {r.name} ({_setting(r)}): "
-                          f"{r.error.splitlines()[0]}")  # fmt: skip
+                          f"{escape(headline(r.error))}")  # fmt: skip
     if model.skipped:
         console.print(f"  [dim]skipped {len(model.skipped)} combinations that cannot work "
                       f"(e.g. {model.skipped[0]})[/]")  # fmt: skip
