@@ -149,11 +149,8 @@ class StubProcess:
                 if not self._dispatch(reply):
                     break
         except (EOFError, OSError):
-            code = self.process.poll()
-            raise InferError(
-                f"{self.label} stopped (exit code {code}); see the worker's log",
-                Status.INTERNAL,
-            ) from None
+            raise InferError(f"{self.label} {self._stopped()}; see the worker's log",
+                             Status.INTERNAL) from None  # fmt: skip
         finally:
             if fd is not None:
                 os.close(fd)
@@ -161,6 +158,15 @@ class StubProcess:
             status = Status.UNAVAILABLE if reply.get("no_space") else Status.INTERNAL
             raise InferError(f"{self.label}: {reply['error']}", status)
         return reply
+
+    def _stopped(self) -> str:
+        """How the stub ended, once its connection closed: the pipe's end can arrive before the
+        process is reaped, so its exit code is waited for a moment (it read None before)."""
+        try:
+            code = self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "closed its connection but is still running"
+        return f"stopped (exit code {code})"
 
     def _dispatch(self, message: Message) -> bool:
         """A message the model sent while a call runs (a BLS request, a decoupled response);
@@ -185,9 +191,8 @@ class StubProcess:
                 if message.get("fd"):
                     message["fd"] = recv_fd(self.sock)
             except (EOFError, OSError):
-                code = self.process.poll()
-                raise InferError(f"{self.label} stopped (exit code {code}) before its "
-                                 "responses were complete", Status.INTERNAL) from None  # fmt: skip
+                raise InferError(f"{self.label} {self._stopped()} before its responses were "
+                                 "complete", Status.INTERNAL) from None  # fmt: skip
             if not self._dispatch(message):
                 raise InferError(f"{self.label} sent '{message.get('op')}' between calls",
                                  Status.INTERNAL)  # fmt: skip
