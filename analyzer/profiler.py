@@ -13,6 +13,7 @@ and measures only what is missing (no worker is even started when nothing is).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import time
 from collections.abc import Callable
@@ -107,7 +108,13 @@ class Profiler:
     def run(self) -> ProfileOutcome:
         started = time.monotonic()
         check_objectives(self.config)
-        list_models(self.config.model_repository)  # a missing repository ends the run here
+        held = list_models(self.config.model_repository)  # a missing repository ends it here
+        for spec in self.config.models:  # a misspelt name, before anything is written or emptied
+            if spec.name not in held:
+                close = difflib.get_close_matches(spec.name, held, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"it holds {', '.join(held)}"
+                raise RepositoryError(f"profile_models names '{spec.name}', which has no folder "
+                                      f"in '{self.config.model_repository}'; {hint}")  # fmt: skip
         space = load_search_space(self.config.search_space)
         placement = self.session.placement = cpu_placement(self.config)  # before the launcher
         self.outcome.placement = placement.to_dict()

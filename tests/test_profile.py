@@ -193,18 +193,35 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
         "        raise RuntimeError('weights file is missing')\n"
     ))  # fmt: skip
     run = profile(
-        tmp_path, "--model-repository", str(repo), "--profile-models", "broken,add_sub,missing",
+        tmp_path, "--model-repository", str(repo), "--profile-models", "broken,add_sub",
         "--output-model-repository-path", "OUT", "--export-path", "EXP", "-c", "1",
         "--run-config-search-max-instance-count", "1", "--run-config-search-max-model-batch-size",
         "1", *FAST,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     document = {m["name"]: m for m in results(tmp_path / "EXP")["models"]}
-    assert "has no model folder 'missing'" in document["missing"]["error"]  # the doctor's
     broken = document["broken"]["configs"]
     assert broken and all("weights file is missing" in c["error"] for c in broken)
     assert any(c["measurements"] for c in document["add_sub"]["configs"])
     assert "weights file is missing" in " ".join(run.stdout.split())
+
+
+def test_a_misspelt_model_is_refused_before_anything_is_emptied_or_rewritten(tmp_path):
+    """It was a failed model at the end of the run, after --override-output-model-repository
+    had emptied the output repository and with the results file rewritten to hold only it."""
+    (tmp_path / "OUT").mkdir()
+    (tmp_path / "OUT" / ".model-analyzer-output").write_text("made by model-analyzer\n")
+    (tmp_path / "OUT" / "add_sub_config_1").mkdir()
+    (tmp_path / "EXP" / "results").mkdir(parents=True)
+    (tmp_path / "EXP" / "results" / "profile_results.json").write_text('{"models": []}')
+    run = profile(tmp_path, "--model-repository", str(EXAMPLES), "--profile-models", "add_subb",
+                  "--output-model-repository-path", "OUT", "--export-path", "EXP",
+                  "--override-output-model-repository", *FAST)  # fmt: skip
+    assert run.returncode != 0
+    assert "profile_models names 'add_subb', which has no folder in" in run.stderr
+    assert "did you mean 'add_sub'?" in run.stderr
+    assert (tmp_path / "OUT" / "add_sub_config_1").is_dir()
+    assert (tmp_path / "EXP" / "results" / "profile_results.json").read_text() == '{"models": []}'
 
 
 def test_existing_output_repository_is_refused(tmp_path):

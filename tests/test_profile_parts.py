@@ -124,6 +124,15 @@ def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):
         ("profile_models: [a]\n", ["--no-such-flag", "1"], "unrecognized arguments"),
         ("a: [1\n", [], "is not valid YAML at line"),
         ("a: caf\xe9\n", [], "c.yaml, line 2: is not UTF-8 text (byte 0xe9 at offset"),
+        # a CSV's name once overwrote whatever path it named, and two equal names lost a CSV
+        ("profile_models: [a]\n", ["--filename-server-only", "/tmp/a/config.pbtxt"],
+         "'filename_server_only' is '/tmp/a/config.pbtxt'; expected a plain file name"),
+        ("profile_models: [a]\nfilename_model_gpu: ''\n", [],
+         "'filename_model_gpu' is ''; expected a plain file name"),
+        ("profile_models: [a]\n", ["--filename-model-gpu", "metrics-model-inference.csv"],
+         "the name of 'filename_model_inference' too"),
+        ("profile_models: [a]\n", ["--filename-server-only", "profile_results.json"],
+         "the name of the results file too"),
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_key(tmp_path, yaml_text, argv, needle):

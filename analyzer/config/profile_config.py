@@ -190,6 +190,26 @@ def storage_from_environment() -> str | None:
     return os.environ.get(STORAGE_VARIABLE) or None
 
 
+_FILE_NAME_KEYS = ("filename_model_inference", "filename_model_gpu", "filename_server_only")
+
+
+def _check_file_names(values: dict[str, Any]) -> None:
+    """The CSVs' names are file names inside EXPORT_PATH/results, each its own: a path there
+    once overwrote whatever it named (a model's config.pbtxt), and two equal names lost a CSV."""
+    taken = {"profile_results.json": "the results file"}
+    for key in _FILE_NAME_KEYS:
+        name = values[key]
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise ProfileConfigError(
+                f"'{key}' is {name!r}; expected a plain file name, which is written inside "
+                "EXPORT_PATH/results"
+            )
+        if name in taken:
+            raise ProfileConfigError(f"'{key}' is '{name}', the name of {taken[name]} too; "
+                                     "give each output file its own name")  # fmt: skip
+        taken[name] = f"'{key}'"
+
+
 def _check_ranges(values: dict[str, Any]) -> None:
     for what in ("concurrency", "request_rate", "model_batch_size", "instance_count"):
         low = values[f"run_config_search_min_{what}"]
@@ -212,6 +232,7 @@ def _check_ranges(values: dict[str, Any]) -> None:
                 parse_cpu_list(values[key], key)
             except CpuListError as err:
                 raise ProfileConfigError(str(err)) from None
+    _check_file_names(values)
     rounds = values["final_rounds"]  # None: calibrated
     if rounds is not None and (rounds == 1 or rounds < 0):
         raise ProfileConfigError(
