@@ -43,6 +43,17 @@ def check_objectives(config: ProfileConfig) -> None:
             )
 
 
+def _make_folder(key: str, folder: Path) -> None:
+    """A folder the run writes into, made now: a file in its place or a path that cannot be
+    made is one sentence before any measurement (it was a traceback once results were due)."""
+    if folder.exists() and not folder.is_dir():
+        raise FolderError(f"{key} '{folder}' is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise FolderError(f"{key} '{folder}' cannot be made: {err.strerror}") from None
+
+
 def check_folders(config: ProfileConfig) -> None:
     """The one folder a run may delete must hold nothing else of the user's or of the run:
     refused before anything is written."""
@@ -62,6 +73,8 @@ def check_folders(config: ProfileConfig) -> None:
         "checkpoint folder": (c.checkpoints, every),
     })  # fmt: skip
     refuse_overlap("export_path", export, {"model repository": (repo, {"is", "inside"})})
+    for key, folder in (("export_path", export), ("checkpoint_directory", c.checkpoints)):
+        _make_folder(key, Path(folder))
     refuse_overlap("checkpoint_directory", c.checkpoints,
                    {"model repository": (repo, {"is", "inside"})})  # fmt: skip
     for key, what in (("triton_output_path", "the worker's output"),

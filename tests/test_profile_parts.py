@@ -133,6 +133,16 @@ def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):
          "the name of 'filename_model_inference' too"),
         ("profile_models: [a]\n", ["--filename-server-only", "profile_results.json"],
          "the name of the results file too"),
+        ("profile_models: [a]\n", ["--monitoring-interval", "inf"],
+         "'monitoring_interval' is 'inf'; expected a finite number"),
+        ("profile_models: [a]\nconstraints: {perf_latency_p99: {max: .nan}}\n", [],
+         "constraint 'perf_latency_p99.max' is nan; expected a finite number"),
+        ("profile_models: [a]\nconstraints: {perf_throughput: {min: 10, max: 1}}\n", [],
+         "constraint 'perf_throughput' has min 10 over max 1"),
+        ("profile_models: [a]\nobjectives: {perf_throughput: .inf}\n", [],
+         "objective 'perf_throughput' has weight inf; expected a number > 0"),
+        ("profile_models: [a]\ntriton_server_flags: [1]\n", [],
+         "triton_server_flags is [1]; expected a mapping of server flag names to values"),
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_key(tmp_path, yaml_text, argv, needle):

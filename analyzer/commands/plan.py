@@ -4,6 +4,7 @@ printed as a table, written to EXPORT_PATH/results/plan.json and added to the su
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -71,6 +72,11 @@ def plan(
 
 def _check(target: float, budget: float | None, replicas: int | None, headroom: float,
            gpu: float | None, cpu: float | None) -> None:  # fmt: skip
+    for flag, number in (("--target-qps", target), ("--latency-budget", budget),
+                         ("--headroom", headroom), ("--cost-per-gpu-hour", gpu),
+                         ("--cost-per-cpu-hour", cpu)):  # fmt: skip
+        if number is not None and not math.isfinite(number):
+            raise AnalyzerError(f"{flag} {number:g} must be a finite number")
     if target <= 0:
         raise AnalyzerError(f"--target-qps {target:g} must be more than 0")
     if budget is not None and budget <= 0:

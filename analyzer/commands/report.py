@@ -76,7 +76,7 @@ def report(
         raise typer.Exit(2) from None
     for note in notes:
         typer.echo(f"note: {note}")
-    export = Path(values["export_path"] or ".").resolve()
+    export = Path(values.get("export_path") or ".").resolve()
     try:
         for note in refresh_from_studies(export, load_results(export), storage):
             typer.echo(f"note: {note}")
@@ -110,7 +110,9 @@ def _settings(config_file: Path | None, flags: dict[str, Any]) -> tuple[dict[str
         except UserFileError as err:
             raise _BadInput(f"config file {err}") from None
         except yaml.YAMLError as err:
-            raise _BadInput(f"config file '{config_file}' is not valid YAML: {err}") from None
+            mark = getattr(err, "problem_mark", None)
+            line = f" at line {mark.line + 1}" if mark else ""
+            raise _BadInput(f"config file '{config_file}' is not valid YAML{line}") from None
         if not isinstance(raw, dict):
             raise _BadInput(f"config file '{config_file}' must hold a mapping of report keys")
         unknown = [k for k in raw if k not in REPORT_KEYS]
@@ -118,6 +120,8 @@ def _settings(config_file: Path | None, flags: dict[str, Any]) -> tuple[dict[str
             raise _BadInput(f"{where}: '{unknown[0]}' is not a key of the report command "
                             f"(its keys: {', '.join(REPORT_KEYS)})")  # fmt: skip
     merged = {**raw, **{k: v for k, v in flags.items() if v is not None}}
+    if not isinstance(merged.get("export_path") or "", str | Path):
+        raise _BadInput(f"{where}: 'export_path' is {merged['export_path']!r}; expected a folder")
     notes = []
     for key, why in (("checkpoint_directory", "the run's results file is the source"),
                      ("always_report_gpu_metrics", "GPU columns are shown whenever a GPU was "

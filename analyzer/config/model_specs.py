@@ -3,6 +3,7 @@ objectives, constraints, model_config_parameters and load-generator flags (MA's 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +63,9 @@ def objectives(value: Any, where: str) -> dict[str, float]:
             raise ProfileConfigError(
                 f"{where}: objective '{tag}' is unknown; known: {', '.join(DIRECTIONS)}"
             )
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+            0 < weight < math.inf
+        ):  # (nan fails both comparisons)
             raise ProfileConfigError(
                 f"{where}: objective '{tag}' has weight {weight!r}; expected a number > 0"
             )
@@ -86,10 +89,15 @@ def constraints(value: Any, where: str) -> dict[str, dict[str, float]]:
                 f"{where}: constraint '{tag}' is {bounds!r}; expected {{min: N}} and/or {{max: N}}"
             )
         for key, number in bounds.items():
-            if isinstance(number, bool) or not isinstance(number, int | float):
+            if isinstance(number, bool) or not isinstance(number, int | float) or not (
+                math.isfinite(number)
+            ):
                 raise ProfileConfigError(
-                    f"{where}: constraint '{tag}.{key}' is {number!r}; expected a number"
+                    f"{where}: constraint '{tag}.{key}' is {number!r}; expected a finite number"
                 )
+        if bounds.get("min", -math.inf) > bounds.get("max", math.inf):
+            raise ProfileConfigError(f"{where}: constraint '{tag}' has min {bounds['min']} over "
+                                     f"max {bounds['max']}; no config could meet it")  # fmt: skip
         out[tag] = {k: float(v) for k, v in bounds.items()}
     return out
 
@@ -189,7 +197,9 @@ def _model_spec(
                      "mode; quick and optuna search the max_batch_size, instance_group count "
                      "and max_queue_delay_microseconds values listed")  # fmt: skip
     weighting = params.get("weighting", 1)
-    if isinstance(weighting, bool) or not isinstance(weighting, int | float) or weighting <= 0:
+    if isinstance(weighting, bool) or not isinstance(weighting, int | float) or not (
+        0 < weighting < math.inf
+    ):
         raise ProfileConfigError(f"{here}.weighting is {weighting!r}; expected a number > 0 (the "
                                  "model's weight when models are profiled together)")  # fmt: skip
     if "weighting" in params and not values["run_config_profile_models_concurrently_enable"]:
@@ -223,7 +233,8 @@ def _model_spec(
         # a model's own perf_analyzer_flags replace the run's, as MA's parser does
         perf_analyzer_flags=perf_flags(params["perf_analyzer_flags"], here, notes)
         if params.get("perf_analyzer_flags") is not None else dict(values["perf_analyzer_flags"]),
-        triton_server_flags=dict(params.get("triton_server_flags") or {}),
+        triton_server_flags=server_flags(params.get("triton_server_flags"),
+                                         f"{here}.triton_server_flags"),
         triton_server_environment=environment(params.get("triton_server_environment"),
                                               f"{here}.triton_server_environment"),
         triton_docker_args=dict(docker_args),
@@ -240,6 +251,16 @@ def with_budgets(own: dict[str, dict[str, float]],
     if values["min_throughput"] is not None:
         own.setdefault("perf_throughput", {})["min"] = float(values["min_throughput"])
     return own
+
+
+def server_flags(value: Any, where: str) -> dict[str, Any]:
+    """MA's triton_server_flags: flag names to values (a list or a word was a traceback)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise ProfileConfigError(f"{where} is {value!r}; expected a mapping of server flag names "
+                                 "to values")  # fmt: skip
+    return dict(value)
 
 
 def environment(value: Any, where: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from analyzer.config.model_specs import (
     model_specs,
     objectives,
     perf_flags,
+    server_flags,
     with_budgets,
 )
 from analyzer.config.settings import Settings
@@ -177,7 +178,9 @@ def _objects(values: dict[str, Any], sources: dict[str, str], notes: list[str]) 
     values["perf_analyzer_flags"] = perf_flags(
         values["perf_analyzer_flags"], sources.get("perf_analyzer_flags", "defaults"), notes
     )
-    values["triton_server_flags"] = dict(values["triton_server_flags"] or {})
+    values["triton_server_flags"] = server_flags(
+        values["triton_server_flags"] or None,
+        sources.get("triton_server_flags", "defaults") + ": triton_server_flags")
     values["triton_server_environment"] = environment(
         values["triton_server_environment"] or None,
         sources.get("triton_server_environment", "defaults") + ": triton_server_environment")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +113,8 @@ def _number(kind: type[int] | type[float], value: Any,
         raise bad(f"a number ({kind.__name__})") from None
     if kind is int and isinstance(value, float) and not value.is_integer():
         raise bad("a whole number")
+    if not math.isfinite(number):  # nan passed `< 0`; inf made a sampler sleep past time_t
+        raise bad("a finite number")
     if number < 0:
         raise bad("a number >= 0")
     return number

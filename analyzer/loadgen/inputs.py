@@ -18,6 +18,7 @@ import numpy as np
 
 from analyzer.datatypes import wire_to_numpy
 from analyzer.errors import AnalyzerError
+from analyzer.fsutil import UserFileError, read_user_text
 
 
 class InputError(AnalyzerError):
@@ -190,9 +191,9 @@ def _from_json_value(spec: TensorSpec, value, shapes, where: str) -> np.ndarray:
 
 def _load_json_steps(path: Path, io: ModelIO, shapes) -> list[dict[str, np.ndarray]]:
     try:
-        document = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"--input-data {path}: cannot read it ({exc.strerror})") from None
+        document = json.loads(read_user_text(path, limit=REQUEST_LIMIT))
+    except UserFileError as err:
+        raise InputError(f"--input-data {err}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"--input-data {path}: not valid JSON ({exc})") from None
     steps = document.get("data") if isinstance(document, dict) else None

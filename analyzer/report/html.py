@@ -43,7 +43,11 @@ def load_results(export_path: Path) -> dict[str, Any]:
                           "with this --export-path first)") from None  # fmt: skip
     except ValueError:
         raise ReportError(f"'{path}' is not a valid results file") from None
-    if document.get("format") != "model-analyzer profile results":
+    if not isinstance(document, dict) or document.get("format") != (
+        "model-analyzer profile results"
+    ) or not isinstance(document.get("models"), list) or not all(
+        isinstance(m, dict) for m in document["models"]
+    ):
         raise ReportError(f"'{path}' is not a model-analyzer results file")
     return document
 

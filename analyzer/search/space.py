@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from analyzer.errors import AnalyzerError
+from analyzer.fsutil import UserFileError, read_user_text
 
 if TYPE_CHECKING:
     from analyzer.search.base import SearchLimits
@@ -106,13 +107,16 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
     path = Path(path) if path else DEFAULT_SPACE
     source = str(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as err:
-        raise SearchSpaceError(f"search space '{path}' cannot be read: {err.strerror}") from None
+        data = yaml.safe_load(read_user_text(path)) or {}
+    except UserFileError as err:
+        raise SearchSpaceError(f"search space {err}") from None
     except yaml.YAMLError:
         raise SearchSpaceError(f"search space '{path}' is not valid YAML") from None
-    if not isinstance(data, dict) or set(data) - _KEYS:
-        unknown = sorted(set(data) - _KEYS) if isinstance(data, dict) else ["(not a mapping)"]
+    if not isinstance(data, dict):
+        raise SearchSpaceError(f"search space '{path}' must be a mapping of settings (keys: "
+                               f"{sorted(_KEYS)})")  # fmt: skip
+    if set(data) - _KEYS:
+        unknown = sorted(set(data) - _KEYS)
         raise SearchSpaceError(f"{source}: key '{unknown[0]}' is unknown; keys: {sorted(_KEYS)}")
     space = SearchSpace(source)
     space.max_batch_size, raw = _sweep(data.get("max_batch_size"), "max_batch_size", source,
