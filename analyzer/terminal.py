@@ -22,7 +22,8 @@ def make_console(stderr: bool = False, quiet: bool = False) -> Console:
     width = None
     if not stream.isatty() and not os.environ.get("COLUMNS"):
         width = NOT_A_TERMINAL_WIDTH
-    return Console(stderr=stderr, highlight=False, width=width, quiet=quiet)
+    return Console(stderr=stderr, highlight=False, width=width, quiet=quiet,
+                   emoji=False)  # a user's ":abc:" (a host:port) stays as typed
 
 
 def print_whole(console: Console, renderable: RenderableType) -> None:

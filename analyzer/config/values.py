@@ -144,6 +144,9 @@ def _as_mapping(value: Any, bad: Callable[[str], ProfileConfigError]) -> dict[st
     return out
 
 
+RANGE_LIMIT = 10_000  # values one {start, stop, step} may give: each is a measured point
+
+
 def as_list(name: str, value: Any, kind: type, where: str) -> list[Any]:
     """MA list syntax: a list, a comma-separated string, one value, or {start, stop, step}."""
     if isinstance(value, dict):
@@ -181,4 +184,10 @@ def _as_range(name: str, value: dict[str, Any], where: str) -> list[int]:
         ) from None
     if step <= 0 or stop < start:
         raise ProfileConfigError(f"{where}: '{name}' range {value!r} is empty")
+    if start <= 0:  # as in the list form
+        raise ProfileConfigError(f"{where}: '{name}' range starts at {start}; values must be > 0")
+    count = (stop - start) // step + 1
+    if count > RANGE_LIMIT:  # (a stop of 10**12 was a MemoryError)
+        raise ProfileConfigError(f"{where}: '{name}' range {value!r} has {count:,} values; at "
+                                 f"most {RANGE_LIMIT:,}")  # fmt: skip
     return list(range(start, stop + 1, step))
