@@ -43,9 +43,15 @@ def serve(
     host: Annotated[str, typer.Option("--host", "--http-address", help="Bind address.")] = (
         "127.0.0.1"
     ),
-    http_port: Annotated[int, typer.Option(help="HTTP port (0 picks a free one).")] = 8000,
-    grpc_port: Annotated[int, typer.Option(help="gRPC port (0 picks a free one).")] = 8001,
-    metrics_port: Annotated[int, typer.Option(help="Metrics port (0 picks a free one).")] = 8002,
+    http_port: Annotated[
+        int, typer.Option(help="HTTP port (0 picks a free one).", min=0, max=65535)
+    ] = 8000,
+    grpc_port: Annotated[
+        int, typer.Option(help="gRPC port (0 picks a free one).", min=0, max=65535)
+    ] = 8001,
+    metrics_port: Annotated[
+        int, typer.Option(help="Metrics port (0 picks a free one).", min=0, max=65535)
+    ] = 8002,
     model_control_mode: Annotated[ControlMode, typer.Option()] = ControlMode.none,
     repository_poll_secs: Annotated[
         float, typer.Option(help="Poll mode: seconds between looks at the repository (models "

@@ -193,6 +193,7 @@ def storage_from_environment() -> str | None:
     return os.environ.get(STORAGE_VARIABLE) or None
 
 
+MAX_CLIENT_PROCESSES = 256  # load-generator processes one profile may start
 _FILE_NAME_KEYS = ("filename_model_inference", "filename_model_gpu", "filename_server_only")
 
 
@@ -226,6 +227,9 @@ def _check_ranges(values: dict[str, Any]) -> None:
         raise ProfileConfigError(
             f"'stability_percentage' is {values['stability_percentage']}; expected (0, 1000]"
         )
+    if values["client_processes"] > MAX_CLIENT_PROCESSES:  # 100000 hung at the worker's start
+        raise ProfileConfigError(f"'client_processes' is {values['client_processes']}; expected "
+                                 f"0 (grow as needed) to {MAX_CLIENT_PROCESSES}")  # fmt: skip
     for key in ("measurement_interval", "max_trials", "num_configs_per_model"):
         if values[key] < 1:
             raise ProfileConfigError(f"'{key}' is {values[key]}; expected >= 1")
