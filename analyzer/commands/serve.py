@@ -214,6 +214,13 @@ def _logging(verbose: int, info: str, warning: str, error: str, form: str,
     if datefmt:
         logging.Formatter.converter = time.gmtime
     target = {"filename": str(file)} if file is not None else {}
+    if file is not None:
+        try:
+            with open(file, "a"):
+                pass
+        except OSError as err:
+            raise typer.BadParameter(f"--log-file '{file}' cannot be written: {err.strerror}"
+                                     ) from None  # fmt: skip
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt=datefmt, **target)  # fmt: skip
 

@@ -49,6 +49,10 @@ def export(export_path: Path, fmt: str, output: Path, models: list[str] | None =
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(f"--output '{output}' exists and is not an empty folder; name a new "
                           "one (nothing is overwritten)")  # fmt: skip
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ExportError(f"--output '{output}' cannot be made: {err.strerror}") from None
     plan = _plan(export_path)
     written: list[Path] = []
     services = []
