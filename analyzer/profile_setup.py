@@ -8,8 +8,10 @@ Each is a function of the settings (and of the model being profiled); the loop i
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
+from typing import Any
 
 from analyzer.config.profile_config import ModelSpec, ProfileConfig, ProfileConfigError
 from analyzer.fsutil import FolderError, OutputFolder, claim_output_folder, refuse_overlap
@@ -119,30 +121,42 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
     """The load generator's settings for one model: the run's, overridden by the model's
     perf_analyzer_flags. InputError or ValueError when its flags are wrong."""
     c, flags = config, spec.perf_analyzer_flags
-    window = int(flags.get("measurement-interval", c.measurement_interval))
+
+    def number(key: str, default: float, kind: type = int, low: float = 1,
+               high: float = math.inf) -> Any:  # fmt: skip
+        return _flag_number(flags.get(key, default), key, kind, low, high)
+
+    window = number("measurement-interval", c.measurement_interval)
     settings = MeasureSettings(
-        mode=str(flags.get("measurement-mode", c.measurement_mode)),
+        mode=_flag_choice(flags.get("measurement-mode", c.measurement_mode), "measurement-mode",
+                          ("adaptive", "time_windows", "count_windows")),
         window_ms=window,
-        request_count=int(flags.get("measurement-request-count", c.measurement_request_count)),
-        stability_pct=float(flags.get("stability-percentage", c.stability_percentage)),
-        max_trials=int(flags.get("max-trials", c.max_trials)),
-        percentile=int(flags["percentile"]) if "percentile" in flags else None,
+        request_count=number("measurement-request-count", c.measurement_request_count),
+        stability_pct=number("stability-percentage", c.stability_percentage, float, 1e-9, 1000),
+        max_trials=number("max-trials", c.max_trials),
+        percentile=number("percentile", 0, int, 1, 99) if "percentile" in flags else None,
         min_window_ms=min(1000, window),
     )
     shapes = flags.get("shape") or c.shape or []
+    if not isinstance(shapes, str | list) or not all(isinstance(s, str) for s in
+                                                     ([shapes] if isinstance(shapes, str)
+                                                      else shapes)):  # fmt: skip
+        raise ValueError(f"perf_analyzer_flags 'shape' is {shapes!r}; expected NAME:d1,d2,... "
+                         "(one, or a list)")  # fmt: skip
     id_start, id_end = parse_id_range(str(flags.get("sequence-id-range", "1")))
     sequence = SequenceOptions(
-        length=int(flags.get("sequence-length", 20)), id_start=id_start, id_end=id_end,
-        count=int(flags.get("num-of-sequences", 4)),
+        length=number("sequence-length", 20), id_start=id_start, id_end=id_end,
+        count=number("num-of-sequences", 4),
     )  # fmt: skip
     sequence.check(0)
     options = PerfOptions(
         model=spec.name,
         protocol=str(flags.get("protocol", c.client_protocol)),
-        distribution=str(flags.get("request-distribution", "constant")),
+        distribution=_flag_choice(flags.get("request-distribution", "constant"),
+                                  "request-distribution", ("constant", "poisson")),
         input_data=str(flags.get("input-data", "random")),
         shapes=parse_shapes([shapes] if isinstance(shapes, str) else list(shapes)),
-        string_length=int(flags.get("string-length", 128)),
+        string_length=number("string-length", 128),
         settings=settings,
         seed=c.seed,
         sequence=sequence,
@@ -151,10 +165,31 @@ def measure_options(config: ProfileConfig, spec: ModelSpec) -> tuple[MeasureSett
                               "perf_analyzer_flags http-header"),
         ssl=client_tls(flags, "perf_analyzer_flags "),
         shared_memory=str(flags.get("shared-memory", "none")),
-        output_shm_size=int(flags.get("output-shared-memory-size", 102400)),
+        output_shm_size=number("output-shared-memory-size", 102400),
         max_threads=_positive(flags.get("max-threads", 0), "max-threads"),
     )
     return settings, options
+
+
+def _flag_number(value: object, key: str, kind: type, low: float, high: float) -> Any:
+    """A perf_analyzer_flags number, named when it is not one or out of range (it was
+    "invalid literal for int()", or numpy's complaint once the run had started)."""
+    try:
+        number = kind(str(value).strip())
+    except ValueError:
+        number = None
+    if isinstance(value, bool) or number is None or not low <= number <= high:
+        span = f"{low:g} to {high:g}" if high < math.inf else f"{low:g} or more"
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"perf_analyzer_flags '{key}' is {value!r}; expected {what}, {span}")
+    return number
+
+
+def _flag_choice(value: object, key: str, choices: tuple[str, ...]) -> str:
+    if str(value) not in choices:
+        raise ValueError(f"perf_analyzer_flags '{key}' is {value!r}; expected one of "
+                         f"{', '.join(choices)}")  # fmt: skip
+    return str(value)
 
 
 def _positive(value: object, key: str) -> int:

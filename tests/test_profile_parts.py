@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import threading
 import time
 from pathlib import Path
@@ -145,6 +146,8 @@ def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):
          "has 1,000,000,000,000 values; at most 10,000"),
         ("profile_models: [a]\nconcurrency: {start: 0, stop: 2}\n", [],
          "'concurrency' range starts at 0; values must be > 0"),
+        ("profile_models: {a: {model_config_parameters: {max_batch_size: [4, abc]}}}\n", [],
+         "profile_models.a.model_config_parameters.max_batch_size has 'abc'; expected whole"),
         ("profile_models: [a]\ntriton_server_flags: [1]\n", [],
          "triton_server_flags is [1]; expected a mapping of server flag names to values"),
     ],
@@ -860,3 +863,29 @@ def test_a_storage_too_slow_to_register_a_claim_is_an_error_not_an_endless_retry
         assert [t.state.name for t in ledger.study.get_trials()] == ["PRUNED"] * 3
     finally:
         ledger.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        ("{percentile: 200}", "'percentile' is 200; expected a whole number, 1 to 99"),
+        ("{percentile: abc}", "'percentile' is 'abc'; expected a whole number, 1 to 99"),
+        ("{stability-percentage: abc}", "'stability-percentage' is 'abc'; expected a number"),
+        ("{measurement-mode: bogus}", "'measurement-mode' is 'bogus'; expected one of adaptive"),
+        ("{request-distribution: weird}", "'request-distribution' is 'weird'; expected one of"),
+        ("{string-length: -1}", "'string-length' is -1; expected a whole number, 1 or more"),
+        ("{max-trials: 0}", "'max-trials' is 0; expected a whole number, 1 or more"),
+        ("{shape: 5}", "'shape' is 5; expected NAME:d1,d2,..."),
+    ],
+)  # fmt: skip
+def test_bad_perf_analyzer_flags_are_named_before_any_measurement(tmp_path, flags, needle):
+    """They were "invalid literal for int()" with no key, numpy's "Percentiles must be in the
+    range [0, 100]" once the worker had started, a TypeError, or accepted and ignored."""
+    from analyzer.profile_setup import measure_options
+
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(f"perf_analyzer_flags: {flags}\n")
+    config = load_profile_config(["-m", str(EXAMPLES), "--profile-models", "add_sub", "-f",
+                                  str(yaml_file)], cwd=tmp_path)  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        measure_options(config, config.models[0])

@@ -191,6 +191,12 @@ def _model_spec(
     mcp = params.get("model_config_parameters") or {}
     if not isinstance(mcp, dict):
         raise ProfileConfigError(f"{here}.model_config_parameters is {mcp!r}; expected a mapping")
+    if "max_batch_size" in mcp:  # (a word there was a traceback after the default's measurement)
+        sizes = mcp["max_batch_size"]
+        for size in sizes if isinstance(sizes, list) else [sizes]:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ProfileConfigError(f"{here}.model_config_parameters.max_batch_size has "
+                                         f"{size!r}; expected whole numbers >= 0")  # fmt: skip
     others = [k for k in mcp if k not in ("max_batch_size", "instance_group", "dynamic_batching")]
     if others and values["run_config_search_mode"] in ("quick", "optuna"):
         notes.append(f"{here}.model_config_parameters: {', '.join(others)} only vary in brute "
