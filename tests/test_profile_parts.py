@@ -297,6 +297,24 @@ def test_checkpoint_survives_a_torn_last_line(tmp_path):
     assert set(Checkpoint(tmp_path).points) == {key, "k3"}
 
 
+@pytest.mark.parametrize("line", ["[1, 2]", '{"type": "point", "key": "x", "measurement": 5}',
+                                  '{"type": "failure"}'])
+def test_a_checkpoint_line_that_is_not_a_record_is_named_not_a_traceback(tmp_path, line):
+    from analyzer.results.checkpoint import Checkpoint, CheckpointError
+
+    store = Checkpoint(tmp_path)
+    store.record_failure("k", "failed to load")
+    with store.path.open("a") as f:
+        f.write(line + "\n")
+    with pytest.raises(CheckpointError, match=r"profile\.ckpt\.jsonl', line 2: is not a "
+                       "checkpoint record; move the file away"):
+        Checkpoint(tmp_path)
+    store.path.unlink()
+    store.path.mkdir()
+    with pytest.raises(CheckpointError, match="is not a file"):
+        Checkpoint(tmp_path)
+
+
 def _synthetic(trial):
     """A model whose capacity grows with instances (to 2 cores), batch size and a 200 us delay;
     throughput approaches it as concurrency grows."""

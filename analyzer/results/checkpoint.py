@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from analyzer.errors import AnalyzerError
 from analyzer.results.measurement import Measurement
 
 FILE_NAME = "profile.ckpt.jsonl"
@@ -29,6 +30,10 @@ def config_key(config_text: str, settings: str) -> str:
     return hashlib.sha256(json.dumps([config_text, settings]).encode()).hexdigest()[:32]
 
 
+class CheckpointError(AnalyzerError):
+    """The checkpoint cannot be resumed from; the message names the file (and line)."""
+
+
 class Checkpoint:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -41,24 +46,33 @@ class Checkpoint:
             self._read()
 
     def _read(self) -> None:
+        if not self.path.is_file():
+            raise CheckpointError(f"checkpoint '{self.path}' is not a file; move it away to "
+                                  "start the run afresh")  # fmt: skip
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):  # torn by a crash: drop it so appends stay lines
             keep = data.rfind(b"\n") + 1
             with self.path.open("r+b") as f:
                 f.truncate(keep)
             data = data[:keep]
-        for line in data.decode(errors="replace").splitlines():
+        for number, line in enumerate(data.decode(errors="replace").splitlines(), 1):
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue  # a line torn by a crash mid-write
-            kind = entry.get("type")
-            if kind in MEASURED:
-                self.points[entry["key"]] = Measurement.from_dict(entry["measurement"])
-            elif kind == "failure":
-                self.failures[entry["key"]] = entry["error"]
-            elif kind == "meta":
-                self.meta.update(entry["meta"])
+            try:
+                kind = entry.get("type")
+                if kind in MEASURED:
+                    self.points[str(entry["key"])] = Measurement.from_dict(entry["measurement"])
+                elif kind == "failure":
+                    self.failures[str(entry["key"])] = str(entry["error"])
+                elif kind == "meta":
+                    self.meta.update(entry["meta"])
+            except (AttributeError, KeyError, TypeError, ValueError):  # not a record of ours
+                raise CheckpointError(
+                    f"checkpoint '{self.path}', line {number}: is not a checkpoint record; "
+                    "move the file away to start the run afresh"
+                ) from None
         self.resumed = bool(self.points or self.failures)
 
     def _append(self, entry: dict[str, Any]) -> None:
