@@ -163,10 +163,15 @@ def model_specs(
         for item in raw:
             if isinstance(item, dict):
                 entries.update(item)
-            else:
+            elif isinstance(item, str | int) and not isinstance(item, bool):
                 entries[str(item)] = {}
+            else:  # [null] was a model named 'None', [[a]] one named "['a']"
+                raise ProfileConfigError(f"{where}: 'profile_models' has {item!r}; expected "
+                                         "model names")  # fmt: skip
         raw = entries
-    if not isinstance(raw, dict) or not raw:
+    if not isinstance(raw, dict) or not raw or not all(
+        isinstance(k, str | int) and not isinstance(k, bool) and str(k) for k in raw
+    ):
         raise ProfileConfigError(f"{where}: 'profile_models' is {raw!r}; expected model names")
     return [_model_spec(str(name), params or {}, values, f"{where}: profile_models.{name}", notes)
             for name, params in raw.items()]  # fmt: skip

@@ -227,6 +227,19 @@ def _check_ranges(values: dict[str, Any]) -> None:
         raise ProfileConfigError(
             f"'stability_percentage' is {values['stability_percentage']}; expected (0, 1000]"
         )
+    low, high = values["optuna_min_trials"], values["optuna_max_trials"]
+    if low is not None and low > high:
+        raise ProfileConfigError(f"'optuna_min_trials' ({low}) is more than 'optuna_max_trials' "
+                                 f"({high})")  # fmt: skip
+    low, high = (values["min_percentage_of_search_space"],
+                 values["max_percentage_of_search_space"])  # fmt: skip
+    if low > high or high > 100:
+        raise ProfileConfigError(f"'min_percentage_of_search_space' ({low:g}) and "
+                                 f"'max_percentage_of_search_space' ({high:g}) must be in order, "
+                                 "up to 100")  # fmt: skip
+    if values["server_startup_timeout"] <= 0:
+        raise ProfileConfigError(f"'server_startup_timeout' is {values['server_startup_timeout']}; "
+                                 "expected seconds > 0")  # fmt: skip
     if values["client_processes"] > MAX_CLIENT_PROCESSES:  # 100000 hung at the worker's start
         raise ProfileConfigError(f"'client_processes' is {values['client_processes']}; expected "
                                  f"0 (grow as needed) to {MAX_CLIENT_PROCESSES}")  # fmt: skip
