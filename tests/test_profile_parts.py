@@ -913,3 +913,19 @@ def test_bad_perf_analyzer_flags_are_named_before_any_measurement(tmp_path, flag
                                   str(yaml_file)], cwd=tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match=re.escape(needle)):
         measure_options(config, config.models[0])
+
+
+def test_perf_analyzer_flags_batch_size_sets_the_client_batch(tmp_path):
+    """The help said batch-size was honoured; it was read by nothing and every point ran b=1."""
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("perf_analyzer_flags: {batch-size: 4}\n")
+    argv = ["-m", str(EXAMPLES), "--profile-models", "add_sub", "-f", str(yaml_file)]
+    assert load_profile_config(argv, cwd=tmp_path).models[0].batch_sizes == [4]
+    yaml_file.write_text("perf_analyzer_flags: {batch-size: 4}\nprofile_models:\n"
+                         "  add_sub: {parameters: {batch_sizes: [2]}}\n")  # fmt: skip
+    argv = ["-m", str(EXAMPLES), "-f", str(yaml_file)]
+    assert load_profile_config(argv, cwd=tmp_path).models[0].batch_sizes == [2]
+    yaml_file.write_text("perf_analyzer_flags: {batch-size: abc}\n")
+    with pytest.raises(ProfileConfigError, match="'perf_analyzer_flags batch-size' has 'abc'"):
+        load_profile_config(["-m", str(EXAMPLES), "--profile-models", "add_sub", "-f",
+                             str(yaml_file)], cwd=tmp_path)  # fmt: skip

@@ -230,10 +230,17 @@ def _model_spec(
             return as_list(key, parameters[key], int, here)
         return list(values[key] or [])
 
+    # a model's own perf_analyzer_flags replace the run's, as MA's parser does
+    pflags = (perf_flags(params["perf_analyzer_flags"], here, notes)
+              if params.get("perf_analyzer_flags") is not None
+              else dict(values["perf_analyzer_flags"]))  # fmt: skip
+    batch_sizes = listed("batch_sizes")
+    if "batch_sizes" not in parameters and "batch-size" in pflags:  # perf_analyzer's -b
+        batch_sizes = as_list("perf_analyzer_flags batch-size", pflags["batch-size"], int, here)
     return ModelSpec(
         name=name,
         cpu_only=convert(BY_NAME["cpu_only"], params.get("cpu_only", values["cpu_only"]), here),
-        batch_sizes=listed("batch_sizes"),
+        batch_sizes=batch_sizes,
         concurrency=listed("concurrency"),
         request_rate=listed("request_rate"),
         objectives=objectives(params["objectives"], here) if "objectives" in params
@@ -241,9 +248,7 @@ def _model_spec(
         constraints=with_budgets(constraints(params["constraints"], here), values)
         if "constraints" in params else {k: dict(v) for k, v in values["constraints"].items()},
         model_config_parameters=mcp,
-        # a model's own perf_analyzer_flags replace the run's, as MA's parser does
-        perf_analyzer_flags=perf_flags(params["perf_analyzer_flags"], here, notes)
-        if params.get("perf_analyzer_flags") is not None else dict(values["perf_analyzer_flags"]),
+        perf_analyzer_flags=pflags,
         triton_server_flags=server_flags(params.get("triton_server_flags"),
                                          f"{here}.triton_server_flags"),
         triton_server_environment=environment(params.get("triton_server_environment"),
