@@ -208,6 +208,12 @@ class Profiler:
                     name: read_model(self.config.model_repository, name) for name in names}
             except RepositoryError as err:
                 model.error = f"{kind} '{source.name}': {err}"
+            nested = [n for n, part in self.parts.get(source.name, {}).items()
+                      if part.backend == ENSEMBLE]  # fmt: skip
+            if nested and not model.error:  # its variants were written without steps, then failed
+                model.error = (f"{kind} '{source.name}' calls ensemble '{nested[0]}': an ensemble "
+                               "of ensembles is not profiled with its composing models; profile "
+                               f"'{nested[0]}' itself")  # fmt: skip
             if bls:
                 self.bls_models.add(source.name)
         if model.error:

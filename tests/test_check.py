@@ -274,3 +274,28 @@ def test_the_worker_refuses_to_load_what_triton_refuses(tmp_path: Path):
     assert any("pref64/config.pbtxt: dynamic_batching.preferred_batch_size 64 is larger than "
                "max_batch_size 8" in e for e in errors), errors  # fmt: skip
     assert any("zerodim/config.pbtxt: input 'IN' has dims [0]" in e for e in errors), errors
+
+
+def test_ensembles_that_call_each_other_round_are_named(tmp_path: Path):
+    """check said "no problems found"; serve refused the load, and profile blamed the output
+    repository. An ensemble that calls another is fine, and said nothing."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES, repo)
+    step = ('ensemble_scheduling { step [ { model_name: "%s" model_version: -1 '
+            'input_map { key: "IMAGE" value: "IMAGE" } output_map { key: "SCORES" value: "SCORES" '
+            '} } ] }\n')
+    head = ('name: "%s"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+            'input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ 32, 32, 3 ] } ]\n'
+            'output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ 10 ] } ]\n')
+    _write(repo / "outer" / "config.pbtxt", head % "outer" + step % "classifier")
+    (repo / "outer" / "1").mkdir()
+    run = _lines(repo, "--profile-models", "outer")
+    assert run.returncode == 0, run.stdout + run.stderr
+    _write(repo / "loop_a" / "config.pbtxt", head % "loop_a" + step % "loop_b")
+    _write(repo / "loop_b" / "config.pbtxt", head % "loop_b" + step % "loop_a")
+    for name in ("loop_a", "loop_b"):
+        (repo / name / "1").mkdir()
+    run = _lines(repo, "--profile-models", "loop_a")
+    assert run.returncode == 1
+    assert "loop_a/config.pbtxt: ensembles call each other in a cycle: loop_a -> loop_b -> " \
+           "loop_a" in run.stdout  # fmt: skip

@@ -795,3 +795,27 @@ def test_bls_exec_decoupled_iterates_over_a_decoupled_models_responses(decoupled
         summary = client.infer("fan_in", [tensor]).as_numpy("SUMMARY").tolist()
     # both ways: the four values, four responses with outputs, then the final flag alone
     assert summary == [10, 4, 1, 10, 4, 1]
+
+
+def test_an_ensemble_of_ensembles_is_one_clear_error(tmp_path: Path):
+    """Its variants were written without their steps, and profile then said the classifier was
+    'not in repository' and the variant had no ensemble_scheduling."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES, repo)
+    (repo / "outer" / "1").mkdir(parents=True)
+    (repo / "outer" / "config.pbtxt").write_text(
+        'name: "outer"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ 32, 32, 3 ] } ]\n'
+        'output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ 10 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "classifier" model_version: -1 input_map '
+        '{ key: "IMAGE" value: "IMAGE" } output_map { key: "SCORES" value: "SCORES" } } ] }\n')
+    run = subprocess.run(
+        [sys.executable, "-m", "analyzer", "profile", "--model-repository", str(repo),
+         "--profile-models", "outer", "--output-model-repository-path", "OUT", "--export-path",
+         "EXP", "--measurement-interval", "300"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    said = " ".join((run.stdout + run.stderr).split())
+    assert "ensemble 'outer' calls ensemble 'classifier': an ensemble of ensembles is not " \
+           "profiled with its composing models" in said, said  # fmt: skip

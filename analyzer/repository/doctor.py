@@ -83,6 +83,7 @@ def check_repository(
     names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     wanted = list(models or names)
     seen: set[str] = set()
+    calls: dict[str, list[str]] = {}  # model -> the models its ensemble steps name
     while wanted:
         name = wanted.pop(0)
         if name in seen:
@@ -95,8 +96,33 @@ def check_repository(
             continue
         checked = _ModelCheck(root, name, gpus)
         findings += checked.run()
+        calls[name] = checked.calls
         wanted += [m for m in checked.calls if m not in seen]
+    findings += _cycles(root, calls)
     return findings
+
+
+def _cycles(root: Path, calls: dict[str, list[str]]) -> list[Finding]:
+    """Ensembles that call each other round (Triton and the worker refuse to load them)."""
+    found: list[Finding] = []
+    reported: set[frozenset[str]] = set()
+
+    def walk(name: str, path: list[str]) -> None:
+        for callee in calls.get(name, []):
+            if callee in path:
+                loop = path[path.index(callee):] + [callee]
+                if frozenset(loop) not in reported:
+                    reported.add(frozenset(loop))
+                    found.append(Finding(str(root / loop[0] / CONFIG_FILE), "ensembles call "
+                                         "each other in a cycle: " + " -> ".join(loop),
+                                         "remove a step so that no ensemble calls itself, "
+                                         "directly or through another"))  # fmt: skip
+            elif len(path) < 64:
+                walk(callee, [*path, callee])
+
+    for name in sorted(calls):
+        walk(name, [name])
+    return found
 
 
 def _root_problems(root: Path) -> list[Finding]:
