@@ -112,7 +112,8 @@ class Profiler:
         for spec in self.config.models:  # a misspelt name, before anything is written or emptied
             if spec.name not in held:
                 close = difflib.get_close_matches(spec.name, held, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else f"it holds {', '.join(held)}"
+                hint = (f"did you mean '{close[0]}'?" if close else f"it holds {', '.join(held)}"
+                        if held else "it holds no model folder")  # fmt: skip
                 raise RepositoryError(f"profile_models names '{spec.name}', which has no folder "
                                       f"in '{self.config.model_repository}'; {hint}")  # fmt: skip
         space = load_search_space(self.config.search_space)

@@ -299,3 +299,24 @@ def test_ensembles_that_call_each_other_round_are_named(tmp_path: Path):
     assert run.returncode == 1
     assert "loop_a/config.pbtxt: ensembles call each other in a cycle: loop_a -> loop_b -> " \
            "loop_a" in run.stdout  # fmt: skip
+
+
+def test_an_ensemble_step_whose_types_disagree_and_an_empty_repository(tmp_path: Path):
+    """check said "no problems found" to both; serve refused the first at load."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES, repo)
+    config = repo / "classifier" / "config.pbtxt"
+    text = config.read_text()
+    assert "TYPE_UINT8" in text
+    config.write_text(text.replace("TYPE_UINT8", "TYPE_FP32", 1))
+    run = _lines(repo, "--profile-models", "classifier")
+    assert run.returncode == 1
+    assert "tensor 'IMAGE' is TYPE_FP32 but input 'IMAGE' of 'preprocess' is TYPE_UINT8" in (
+        run.stdout)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = _lines(empty)
+    assert run.returncode == 0 and "warning: " in run.stdout and "holds no model folder" in (
+        run.stdout)
+    assert "has no model folder 'add_sub'; it holds no model folder" in _lines(
+        empty, "--profile-models", "add_sub").stdout

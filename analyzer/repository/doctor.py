@@ -81,6 +81,9 @@ def check_repository(
     if findings:
         return findings
     names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not names and not models:
+        return [Finding(str(root), "holds no model folder", "put each model in a folder of its "
+                        "own: R/<model>/config.pbtxt and R/<model>/1/", "warning")]  # fmt: skip
     wanted = list(models or names)
     seen: set[str] = set()
     calls: dict[str, list[str]] = {}  # model -> the models its ensemble steps name
@@ -91,7 +94,8 @@ def check_repository(
         seen.add(name)
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"it holds {', '.join(names)}"
+            hint = (f"did you mean '{close[0]}'?" if close else f"it holds {', '.join(names)}"
+                    if names else "it holds no model folder")  # fmt: skip
             findings.append(Finding(str(root), f"has no model folder '{name}'", hint))
             continue
         checked = _ModelCheck(root, name, gpus)
@@ -410,6 +414,7 @@ class _ModelCheck:
     # -- ensembles ----------------------------------------------------------------------------
     def _ensemble(self, config: ModelConfig) -> None:
         available = {t.name for t in config.input}
+        kinds = {t.name: t.data_type for t in config.input if t.data_type}  # tensor -> type
         for index, step in enumerate(config.ensemble_scheduling.step):
             at = f"{self.config_path}, step {index + 1} ('{step.model_name}')"
             target = self.root / step.model_name
@@ -420,6 +425,16 @@ class _ModelCheck:
                 continue
             self.calls.append(step.model_name)
             inputs, outputs = _declared_tensors(target / CONFIG_FILE)
+            typed_in, typed_out = _declared_types(target / CONFIG_FILE)
+            for key, tensor in step.input_map.items():
+                have, want = kinds.get(tensor), typed_in.get(key)
+                if have and want and have != want:  # (serve refused it; check said nothing)
+                    self.add(at, f"tensor '{tensor}' is {_type_name(have)} but input '{key}' of "
+                             f"'{step.model_name}' is {_type_name(want)}", "make the two data "
+                             "types agree (or add a step that converts)")  # fmt: skip
+            for key, tensor in step.output_map.items():
+                if typed_out.get(key):
+                    kinds[tensor] = typed_out[key]
             for key, tensor in step.input_map.items():
                 if inputs is not None and key not in inputs:
                     self.add(at, f"input_map key '{key}' is not an input of '{step.model_name}'",
@@ -437,6 +452,21 @@ class _ModelCheck:
             if output.name not in available:
                 self.add(self.config_path, f"ensemble output '{output.name}' is produced by no "
                          "step", "name it as a step's output_map value")  # fmt: skip
+
+
+def _declared_types(path: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """A composing model's declared data types by tensor name (empty where unknown)."""
+    try:
+        config = load_model_config(path)
+    except ConfigError:
+        return {}, {}
+    return ({t.name: t.data_type for t in config.input if t.data_type},
+            {t.name: t.data_type for t in config.output if t.data_type})  # fmt: skip
+
+
+def _type_name(data_type: int) -> str:
+    return str(ModelConfig.DESCRIPTOR.fields_by_name["input"].message_type.fields_by_name[
+        "data_type"].enum_type.values_by_number[data_type].name)
 
 
 def _declared_tensors(path: Path) -> tuple[set[str] | None, set[str] | None]:
