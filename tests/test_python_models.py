@@ -61,6 +61,31 @@ class TritonPythonModel:
         return out
 """,
     ),
+    "extra": (
+        """
+name: "extra"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "ASKED" data_type: TYPE_STRING dims: [ 1 ] } ]
+""",
+        """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            asked = ",".join(request.requested_output_names()).encode()
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("Y", x * 2), pb_utils.Tensor("WRONG", x),
+                pb_utils.Tensor("ASKED", np.array([asked], dtype=np.object_))]))
+        return out
+""",
+    ),
     "auto": (
         'name: "auto"\nbackend: "python"\n',
         """
@@ -161,6 +186,22 @@ def test_model_errors_reach_the_client_and_the_worker_keeps_serving(worker):
     stats = client.get_inference_statistics("flaky")["model_stats"][0]["inference_stats"]
     assert stats["fail"]["count"] == 2 and stats["success"]["count"] == 1
     client.close()
+
+
+def test_only_the_outputs_asked_for_or_declared_are_sent(worker):
+    """A tensor the config does not declare was sent to a client that named no outputs; Triton's
+    core asks for all declared outputs then, and its python backend drops the rest."""
+    for module, address in ((httpclient, worker.http), (grpcclient, worker.grpc)):
+        client = module.InferenceServerClient(address)
+        inp = module.InferInput("X", [1], "INT32")
+        inp.set_data_from_numpy(np.array([21], np.int32))
+        result = client.infer("extra", [inp])
+        names = [o["name"] if isinstance(o, dict) else o.name
+                 for o in (result.get_response()["outputs"] if module is httpclient
+                           else result.get_response().outputs)]  # fmt: skip
+        assert sorted(names) == ["ASKED", "Y"] and result.as_numpy("Y").tolist() == [42]
+        assert result.as_numpy("ASKED").tolist() == [b"Y,ASKED"]  # what the model was told
+        client.close()
 
 
 def test_auto_complete_config_fills_the_config(worker):

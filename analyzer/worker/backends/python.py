@@ -332,6 +332,9 @@ class PythonInstance(BackendInstance):
         if models is not None:
             self.stub.on_bls = self._bls
         self.decoupled = source.config.model_transaction_policy.decoupled
+        # what a request that names no outputs asks for: all the config's, as Triton's core
+        # fills them in, so the model sees them and returns no undeclared tensor
+        self.output_names = [o.name for o in source.config.output]
         self._batch: list[InferRequest] = []  # the call's requests, for decoupled responses
         self._open: set[int] = set()
         if self.decoupled:
@@ -370,7 +373,8 @@ class PythonInstance(BackendInstance):
             specs.append({
                 "id": r.id, "correlation_id": r.correlation_id, "flags": r.flags,
                 "timeout": r.timeout_us, "parameters": r.parameters,
-                "requested": list(r.requested_outputs or []), "inputs": layout[i : i + n],
+                "requested": list(r.requested_outputs or self.output_names),
+                "inputs": layout[i : i + n],
             })  # fmt: skip
             i += n
         t1 = time.perf_counter_ns()

@@ -559,14 +559,14 @@ class Stub:
         responses = self._responses(requests, result)
         outputs: list[list[tuple[str, np.ndarray]] | None] = []
         errors: list[str | None] = []
-        for response in responses:
+        for request, response in zip(requests, responses, strict=False):
             if response is None or response.has_error():
                 err = response.error() if response is not None else None
                 errors.append(err.message() if err else "the model sent no response")
                 outputs.append(None)
             else:
                 errors.append(None)
-                outputs.append([(t.name(), t.as_numpy()) for t in response.output_tensors()])
+                outputs.append(_requested(request, response))
         flat = [t for out in outputs if out for t in out]
         layout, fd = write_tensors(self.outputs, flat)
         per_request, i = [], 0
@@ -582,7 +582,8 @@ class Stub:
         follow, from the model's threads)."""
         self.open = set(range(len(requests)))
         for index, request in enumerate(requests):
-            request._emit = lambda response, final, i=index: self._emit(i, response, final)
+            request._emit = (lambda response, final, i=index, r=request:
+                             self._emit(i, response, final, r))  # fmt: skip
         result = self.model.execute(requests)
         if inspect.isawaitable(result):
             try:
@@ -595,7 +596,8 @@ class Stub:
                 "request.get_response_sender()")  # fmt: skip
         return {"decoupled": True}
 
-    def _emit(self, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+    def _emit(self, index: int, response: pb_utils.InferenceResponse | None, final: bool,
+              request: pb_utils.InferenceRequest) -> None:
         """One response of request `index` of the current call, sent now (any thread)."""
         fields: Message = {}
         fd = None
@@ -605,8 +607,7 @@ class Stub:
                 err = response.error()
                 error = err.message() if err is not None else "error"
             else:
-                fields, fd = pack_tensors(
-                    [(t.name(), t.as_numpy()) for t in response.output_tensors()])
+                fields, fd = pack_tensors(_requested(request, response))
         message = {"op": "response", "request": index, "final": final, "error": error,
                    "empty": response is None, "fd": fd is not None, **fields}  # fmt: skip
         with self.send_lock:
@@ -681,6 +682,16 @@ def main() -> None:
     # Model output printed with print() must not corrupt anything: stdout goes to stderr.
     sys.stdout = sys.stderr
     Stub(conn, sock).serve()
+
+
+def _requested(request: pb_utils.InferenceRequest,
+               response: pb_utils.InferenceResponse) -> list[tuple[str, np.ndarray]]:
+    """The response's tensors that the request asked for (all the config's outputs when it named
+    none), as Triton's python backend prunes them: a tensor the config does not declare is not
+    sent."""
+    wanted = request._requested
+    return [(t.name(), t.as_numpy()) for t in response.output_tensors()
+            if not wanted or t.name() in wanted]  # fmt: skip
 
 
 if __name__ == "__main__":
