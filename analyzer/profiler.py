@@ -13,7 +13,6 @@ and measures only what is missing (no worker is even started when nothing is).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from analyzer.profile_setup import (
     search_limits,
     search_strategy,
 )
-from analyzer.repository.doctor import check_repository
+from analyzer.repository.doctor import check_repository, missing_model_hint
 from analyzer.repository.repository import (
     ENSEMBLE,
     ModelSource,
@@ -111,11 +110,9 @@ class Profiler:
         held = list_models(self.config.model_repository)  # a missing repository ends it here
         for spec in self.config.models:  # a misspelt name, before anything is written or emptied
             if spec.name not in held:
-                close = difflib.get_close_matches(spec.name, held, n=1)
-                hint = (f"did you mean '{close[0]}'?" if close else f"it holds {', '.join(held)}"
-                        if held else "it holds no model folder")  # fmt: skip
                 raise RepositoryError(f"profile_models names '{spec.name}', which has no folder "
-                                      f"in '{self.config.model_repository}'; {hint}")  # fmt: skip
+                                      f"in '{self.config.model_repository}'; "
+                                      f"{missing_model_hint(spec.name, held)}")  # fmt: skip
         space = load_search_space(self.config.search_space)
         placement = self.session.placement = cpu_placement(self.config)  # before the launcher
         self.outcome.placement = placement.to_dict()

@@ -93,10 +93,8 @@ def check_repository(
             continue
         seen.add(name)
         if name not in names:
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = (f"did you mean '{close[0]}'?" if close else f"it holds {', '.join(names)}"
-                    if names else "it holds no model folder")  # fmt: skip
-            findings.append(Finding(str(root), f"has no model folder '{name}'", hint))
+            findings.append(Finding(str(root), f"has no model folder '{name}'",
+                                    missing_model_hint(name, names)))  # fmt: skip
             continue
         checked = _ModelCheck(root, name, gpus)
         findings += checked.run()
@@ -127,6 +125,14 @@ def _cycles(root: Path, calls: dict[str, list[str]]) -> list[Finding]:
     for name in sorted(calls):
         walk(name, [name])
     return found
+
+
+def missing_model_hint(name: str, names: list[str]) -> str:
+    """What to say of a model name the repository has no folder for."""
+    close = difflib.get_close_matches(name, names, n=1)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return f"it holds {', '.join(names)}" if names else "it holds no model folder"
 
 
 def _root_problems(root: Path) -> list[Finding]:
@@ -425,20 +431,15 @@ class _ModelCheck:
                 continue
             self.calls.append(step.model_name)
             inputs, outputs = _declared_tensors(target / CONFIG_FILE)
-            typed_in, typed_out = _declared_types(target / CONFIG_FILE)
-            for key, tensor in step.input_map.items():
-                have, want = kinds.get(tensor), typed_in.get(key)
-                if have and want and have != want:  # (serve refused it; check said nothing)
-                    self.add(at, f"tensor '{tensor}' is {_type_name(have)} but input '{key}' of "
-                             f"'{step.model_name}' is {_type_name(want)}", "make the two data "
-                             "types agree (or add a step that converts)")  # fmt: skip
-            for key, tensor in step.output_map.items():
-                if typed_out.get(key):
-                    kinds[tensor] = typed_out[key]
             for key, tensor in step.input_map.items():
                 if inputs is not None and key not in inputs:
                     self.add(at, f"input_map key '{key}' is not an input of '{step.model_name}'",
                              _closest(key, sorted(inputs), "an input"))  # fmt: skip
+                have, want = kinds.get(tensor), (inputs or {}).get(key)
+                if have and want and have != want:  # (serve refused it; check said nothing)
+                    self.add(at, f"tensor '{tensor}' is {_type_name(have)} but input '{key}' of "
+                             f"'{step.model_name}' is {_type_name(want)}", "make the two data "
+                             "types agree (or add a step that converts)")  # fmt: skip
                 if tensor not in available:
                     self.add(at, f"input_map value '{tensor}' is neither an ensemble input nor "
                              "an earlier step's output_map value", "map it from one of: "
@@ -447,6 +448,9 @@ class _ModelCheck:
                 if outputs is not None and key not in outputs:
                     self.add(at, f"output_map key '{key}' is not an output of "
                              f"'{step.model_name}'", _closest(key, sorted(outputs), "an output"))
+                kind = (outputs or {}).get(key)
+                if kind:
+                    kinds[tensor] = kind
                 available.add(tensor)
         for output in config.output:
             if output.name not in available:
@@ -454,29 +458,19 @@ class _ModelCheck:
                          "step", "name it as a step's output_map value")  # fmt: skip
 
 
-def _declared_types(path: Path) -> tuple[dict[str, int], dict[str, int]]:
-    """A composing model's declared data types by tensor name (empty where unknown)."""
-    try:
-        config = load_model_config(path)
-    except ConfigError:
-        return {}, {}
-    return ({t.name: t.data_type for t in config.input if t.data_type},
-            {t.name: t.data_type for t in config.output if t.data_type})  # fmt: skip
-
-
 def _type_name(data_type: int) -> str:
-    return str(ModelConfig.DESCRIPTOR.fields_by_name["input"].message_type.fields_by_name[
-        "data_type"].enum_type.values_by_number[data_type].name)
+    return str(model_config_pb2.DataType.Name(data_type))
 
 
-def _declared_tensors(path: Path) -> tuple[set[str] | None, set[str] | None]:
-    """A composing model's declared input and output names (None: unknown, e.g. no config)."""
+def _declared_tensors(path: Path) -> tuple[dict[str, int] | None, dict[str, int] | None]:
+    """A composing model's declared inputs and outputs, name -> data type (0: not given);
+    None: unknown (no config, or it lists none)."""
     try:
         config = load_model_config(path)
     except ConfigError:
         return None, None
-    inputs = {t.name for t in config.input} or None
-    outputs = {t.name for t in config.output} or None
+    inputs = {t.name: t.data_type for t in config.input} or None
+    outputs = {t.name: t.data_type for t in config.output} or None
     return inputs, outputs
 
 
