@@ -13,13 +13,14 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from analyzer.config.profile_config import ProfileConfig
-from analyzer.launch.base import Launcher, LaunchError
+from analyzer.launch.base import Launcher, LaunchError, LoadTimeoutError
 from analyzer.launch.cpus import Placement
 from analyzer.launch.docker import DockerLauncher
 from analyzer.launch.local import LocalLauncher
@@ -175,6 +176,7 @@ class WorkerSession:
                     startup, cpus=self.placement.worker_list, gpus=c.gpus,
                     environment=env,
                 )  # fmt: skip
+            self.launcher.load_timeout_s = c.model_load_timeout
         return self.launcher
 
     def _start_samplers(self) -> None:
@@ -213,8 +215,9 @@ class WorkerSession:
         served = result.model if launcher.remote else result.name
         if self.loaded != result.name:
             self.listener("load", {"result": result})
-            self._serve_composing(launcher, result)
-            launcher.load_variant(served, result.config_text)
+            with _fresh_worker_after_load_timeout(launcher):
+                self._serve_composing(launcher, result)
+                launcher.load_variant(served, result.config_text)
             self.loaded, self.loaded_as = result.name, served
         url = launcher.grpc_url if options.protocol == "grpc" else launcher.http_url
         opts = dataclasses.replace(options, model=served, url=url)
@@ -259,9 +262,10 @@ class WorkerSession:
         if self.loaded != result.name:
             self._unload_parts()
             self.listener("load", {"result": result})
-            for model, _, text in result.together:
-                launcher.load_variant(served[model], text)
-                self.loaded_parts.append(served[model])
+            with _fresh_worker_after_load_timeout(launcher):
+                for model, _, text in result.together:
+                    launcher.load_variant(served[model], text)
+                    self.loaded_parts.append(served[model])
             self.loaded = self.loaded_as = result.name
         measurers: dict[str, Measurer] = {}
         controls = []
@@ -406,6 +410,19 @@ class WorkerSession:
             load.close()
         if self.launcher is not None:
             self.launcher.stop()
+
+
+@contextmanager
+def _fresh_worker_after_load_timeout(launcher: Launcher) -> Iterator[None]:
+    """A worker of ours that did not answer a load in time holds that load in an unknown state
+    (a model's process may still run and take CPU or GPU memory): it is stopped, and the next
+    config starts a fresh one."""
+    try:
+        yield
+    except LoadTimeoutError:
+        if not launcher.remote:
+            launcher.stop()
+        raise
 
 
 def _still_alive(launcher: Launcher) -> None:

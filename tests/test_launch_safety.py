@@ -22,9 +22,11 @@ import tritonclient.http as httpclient
 from serving import EXAMPLES
 from tritonclient.utils import InferenceServerException
 
-from analyzer.launch.base import LaunchError
+from analyzer.launch.base import LOAD_ANSWER_MARGIN_S, Launcher, LaunchError, LoadTimeoutError
 from analyzer.launch.local import LocalLauncher
+from analyzer.launch.remote import RemoteLauncher
 from analyzer.worker.restrict import KEY_HEADER
+from analyzer.worker_session import _fresh_worker_after_load_timeout
 
 # A model with a helper process of its own (as models that run a tokenizer or a converter do),
 # whose execute() marks that it started, then never returns: a request stays in flight.
@@ -245,3 +247,96 @@ def test_a_worker_that_cannot_start_says_why_on_the_first_line(launcher, tmp_pat
     first = str(failed.value).splitlines()[0]
     assert "exited at start (exit code" in first and "no-such-repository" in first, first
     assert str(tmp_path / "logs" / "worker.log") in first
+
+
+@pytest.fixture
+def silent_server():
+    """A TCP port that accepts connections and never answers (a server stuck in a load)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+class _Unstarted(LocalLauncher):
+    """The local launcher's repository calls against a given URL, no worker started."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        super().__init__(EXAMPLES, tmp_path / "worker.log")
+        self.http_url = url
+
+
+@pytest.mark.parametrize("kind", ["ours", "remote"])
+def test_a_load_with_no_answer_in_time_is_a_load_timeout(silent_server, tmp_path, kind,
+                                                         monkeypatch):  # fmt: skip
+    """A load that never answers ends after model_load_timeout (plus the margin a worker of ours
+    gets to stop the load itself) as LoadTimeoutError, which names the setting."""
+    if kind == "ours":
+        launcher: Launcher = _Unstarted(silent_server, tmp_path)
+        assert launcher.enforces_load_timeout()
+        assert f"--model-load-timeout-secs={launcher.load_timeout_s:g}" in launcher.command()
+    else:
+        launcher = RemoteLauncher(silent_server, silent_server, "", protocol="http")
+        assert not launcher.enforces_load_timeout()
+    launcher.load_timeout_s = 0.5
+    margin = LOAD_ANSWER_MARGIN_S if kind == "ours" else 0.0
+    assert launcher.load_wait_s() == 0.5 + margin
+    monkeypatch.setattr("analyzer.launch.base.LOAD_ANSWER_MARGIN_S", 0.0)  # a short test
+    t0 = time.monotonic()
+    with pytest.raises(LoadTimeoutError) as err:
+        launcher.load_variant("add_sub", 'name: "add_sub"\nbackend: "python"\n')
+    assert time.monotonic() - t0 < 30
+    assert "model 'add_sub' did not finish loading within 0.5 s" in str(err.value)
+    assert "(model_load_timeout; raise it for a model whose initialize() takes longer)" in str(
+        err.value)
+
+
+class _Held(Launcher):
+    """Counts stops: what a session does to its launcher after a load timed out."""
+
+    def __init__(self, remote: bool) -> None:
+        self.remote = remote
+        self.stops = 0
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None:
+        self.stops += 1
+
+    def alive(self) -> bool:
+        return self.stops == 0
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_worker_of_ours_is_stopped_after_a_load_timed_out(remote):
+    """It holds the load in an unknown state (a model's process may still take CPU or GPU
+    memory): the next config starts a fresh one. A remote server is not ours to restart."""
+    held = _Held(remote)
+    with pytest.raises(LoadTimeoutError), _fresh_worker_after_load_timeout(held):
+        raise LoadTimeoutError("model 'm' did not finish loading within 1 s")
+    assert held.stops == (0 if remote else 1)
+    with pytest.raises(LaunchError), _fresh_worker_after_load_timeout(held):
+        raise LaunchError("failed to load 'm': weights missing")  # answered: the worker is fine
+    assert held.stops == (0 if remote else 1)

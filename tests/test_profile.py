@@ -206,6 +206,28 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     assert "weights file is missing" in " ".join(run.stdout.split())
 
 
+def test_a_load_that_hangs_fails_its_config_within_model_load_timeout(tmp_path):
+    """Each config of a model whose initialize() never returns failed after the worker's fixed
+    120 s; now the profile's model_load_timeout bounds it, and the reason names it."""
+    repo = repo_with(tmp_path, "hangs", (
+        "import time\n"
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        time.sleep(3600)\n"
+    ))  # fmt: skip
+    run = profile(
+        tmp_path, "--model-repository", str(repo), "--profile-models", "hangs",
+        "--output-model-repository-path", "OUT", "--export-path", "EXP", "-c", "1",
+        "--run-config-search-max-instance-count", "1", "--run-config-search-max-model-batch-size",
+        "1", "--model-load-timeout", "2", *FAST,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr  # no config could be measured
+    configs = results(tmp_path / "EXP")["models"][0]["configs"]
+    assert configs and all("did not finish loading within 2 s (model_load_timeout): instance "
+                           in c["error"] for c in configs), configs  # fmt: skip
+    assert "initialize() was still running" in " ".join(run.stdout.split())
+
+
 def test_a_misspelt_model_is_refused_before_anything_is_emptied_or_rewritten(tmp_path):
     """It was a failed model at the end of the run, after --override-output-model-repository
     had emptied the output repository and with the results file rewritten to hold only it."""

@@ -8,6 +8,7 @@ import re
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -215,6 +216,77 @@ def test_a_full_tmpfs_is_a_clean_error_and_the_worker_serves_on(tmp_path, small_
         assert infer(served.http, np.array([0.0, 7.0, 8.0])).tolist() == [0.0, 7.0, 8.0]
     finally:
         served.stop()
+
+
+HANG_INIT = """
+import time
+from pathlib import Path
+
+class TritonPythonModel:
+    def initialize(self, args):
+        Path({mark!r}).touch()
+        time.sleep(3600)
+
+    def execute(self, requests):
+        return []
+"""
+HANG_WARMUP = """
+import time
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(3600)
+        return []
+"""
+WARMUP = """
+model_warmup [ { name: "w" batch_size: 1
+  inputs { key: "X" value: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]
+"""
+
+
+def test_a_load_past_model_load_timeout_fails_and_stops_the_models_processes(tmp_path):
+    """Triton waits for a model's load code as long as it runs; --model-load-timeout-secs
+    bounds it: the load's answer names the limit and what was still running, and the model's
+    process is stopped (before, initialize() had a fixed 120 s, and its stub was left to a
+    finalize it could not answer)."""
+    repo, mark = python_repo(tmp_path)
+    for name, code, extra in (("hang_init", HANG_INIT, ""), ("hang_warmup", HANG_WARMUP, WARMUP)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name) + extra)
+        (repo / name / "1" / "model.py").write_text(code.format(mark=str(mark)))
+    served = start_worker(repo, "--model-control-mode", "explicit",
+                          "--model-load-timeout-secs", "3")  # fmt: skip
+    client = httpclient.InferenceServerClient(served.http, network_timeout=120)
+    try:
+        for name, running in (("hang_init", "instance hang_init_0_0's initialize() was still "
+                               "running; its process was stopped"),
+                              ("hang_warmup", "instance hang_warmup_0_0's warm-up "
+                               "(model_warmup) was still running")):  # fmt: skip
+            t0 = time.monotonic()
+            with pytest.raises(InferenceServerException) as err:
+                client.load_model(name)
+            assert f"model '{name}' did not finish loading within 3 s " \
+                   "(--model-load-timeout-secs): " + running in str(err.value)
+            assert time.monotonic() - t0 < 60  # 3 s, on a loaded machine
+            wait_for(lambda: not stubs_of(served.process), 10, f"{name}'s process to go")
+            assert not client.is_model_ready(name)
+        assert mark.exists()  # the initialize() that hung did run
+        client.load_model("slow")  # the worker serves on
+        assert infer(served.http, np.array([0.0, 2.0])).tolist() == [0.0, 0.0]
+    finally:
+        client.close()
+        served.stop()
+
+
+def test_the_load_timeout_flag_takes_seconds_or_zero(tmp_path):
+    repo, _ = python_repo(tmp_path)
+    for value in ("-1", "nan", "inf"):
+        run = subprocess.run(
+            [sys.executable, "-m", "analyzer", "serve", "--model-repository", str(repo),
+             "--model-load-timeout-secs", value],
+            capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 2, run.stderr
+        assert "--model-load-timeout-secs must be a positive number of seconds" in run.stderr
 
 
 def test_label_values_are_escaped_as_the_text_format_says():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import sys
 import time
 from enum import StrEnum
@@ -146,6 +147,13 @@ def serve(
         typer.Option(help="Seconds from SIGTERM to exit at most: python models still busy are "
                      "killed (Triton's flag)."),
     ] = 15.0,
+    model_load_timeout_secs: Annotated[
+        float,
+        typer.Option(help="Seconds a model's load may take at most (a python model's "
+                     "initialize() and auto_complete_config(), every instance, the warm-up); "
+                     "beyond, the load fails and the model's processes are stopped. 0: as long "
+                     "as it takes (Triton's)."),
+    ] = 0.0,
     loop_yields_to_models: Annotated[
         str,
         typer.Option(
@@ -190,7 +198,8 @@ def serve(
         allow_model_file_uploads=_switch("--allow-model-file-uploads", allow_model_file_uploads),
         http_restricted_api=list(http_restricted_api or []),
         grpc_restricted_protocol=list(grpc_restricted_protocol or []),
-        exit_timeout_s=exit_timeout_secs,
+        exit_timeout_s=_seconds_or_zero("--exit-timeout-secs", exit_timeout_secs),
+        load_timeout_s=_seconds_or_zero("--model-load-timeout-secs", model_load_timeout_secs),
         loop_yields=_switch("--loop-yields-to-models", loop_yields_to_models),
         repository_poll_secs=_positive("--repository-poll-secs", repository_poll_secs),
         auto_complete=not (_switch("--disable-auto-complete-config", disable_auto_complete_config)
@@ -247,9 +256,14 @@ def _not_negative(flag: str, value: int) -> int:
 
 
 def _positive(flag: str, value: float) -> float:
-    if value <= 0:
-        raise typer.BadParameter(f"{flag} must be positive, got {value:g}")
+    if not value > 0 or math.isinf(value):  # nan and inf too
+        raise typer.BadParameter(f"{flag} must be a positive number of seconds, got {value:g}")
     return value
+
+
+def _seconds_or_zero(flag: str, value: float) -> float:
+    """Seconds, or 0 (no limit; for --exit-timeout-secs, at once)."""
+    return 0.0 if value == 0 else _positive(flag, value)
 
 
 def _limits(flags: dict[str, Any]) -> Limits:

@@ -237,9 +237,9 @@ def _check_ranges(values: dict[str, Any]) -> None:
         raise ProfileConfigError(f"'min_percentage_of_search_space' ({low:g}) and "
                                  f"'max_percentage_of_search_space' ({high:g}) must be in order, "
                                  "up to 100")  # fmt: skip
-    if values["server_startup_timeout"] <= 0:
-        raise ProfileConfigError(f"'server_startup_timeout' is {values['server_startup_timeout']}; "
-                                 "expected seconds > 0")  # fmt: skip
+    for key in ("server_startup_timeout", "model_load_timeout"):
+        if values[key] <= 0:
+            raise ProfileConfigError(f"'{key}' is {values[key]}; expected seconds > 0")
     if values["client_processes"] > MAX_CLIENT_PROCESSES:  # 100000 hung at the worker's start
         raise ProfileConfigError(f"'client_processes' is {values['client_processes']}; expected "
                                  f"0 (grow as needed) to {MAX_CLIENT_PROCESSES}")  # fmt: skip

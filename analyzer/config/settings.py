@@ -206,6 +206,9 @@ class Settings:
     client_processes: int = setting("int", 0, "Load-generator processes (0: grow when saturated).")
     server_startup_timeout: float = setting("float", 120.0,
         "Seconds to wait for the worker to start.")
+    model_load_timeout: float = setting("float", 600.0,
+        "Seconds a config's load may take (a python model's initialize(), every instance, the "
+        "warm-up): a longer one fails that config, and the worker stops the model's processes.")
     client_max_retries: int | None = setting("int", None,
         "Readiness checks of a starting worker, one a second (MA's): the worker's startup wait "
         "in seconds, instead of server_startup_timeout. Requests are never retried.",

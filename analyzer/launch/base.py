@@ -24,11 +24,18 @@ from typing import IO
 from urllib.parse import quote
 
 from analyzer.errors import AnalyzerError
+from analyzer.worker.load_deadline import FLAG as LOAD_TIMEOUT_FLAG
 from analyzer.worker.restrict import KEY_HEADER, REPOSITORY_KEY_ENV
 
 READY_LINE = "model-analyzer serve ready:"  # the worker's first line once it serves
 PORT_TAKEN = "address already in use"  # the worker's words when a chosen port was taken
 PORT_ATTEMPTS = 3  # a start that lost a port to another process tries again with new ones
+LOAD_ANSWER_MARGIN_S = 30.0  # a worker that stops a load at its timeout answers within this
+
+
+def load_timeout_text(name: str, seconds: float) -> str:
+    return (f"model '{name}' did not finish loading within {seconds:g} s (model_load_timeout; "
+            "raise it for a model whose initialize() takes longer)")
 
 
 def free_port() -> int:
@@ -39,6 +46,11 @@ def free_port() -> int:
 
 class LaunchError(RuntimeError):
     """The worker could not be started or reached; the message carries its last words."""
+
+
+class LoadTimeoutError(LaunchError):
+    """A model's load got no answer within the profile's model_load_timeout: the worker holds a
+    load in an unknown state, so a worker of ours is restarted before the next config."""
 
 
 class LaunchSetupError(LaunchError, AnalyzerError):
@@ -54,6 +66,9 @@ class Launcher(ABC):
     remote = False  # True: a server we do not own (variants are loaded by config, by model name)
     log_path: Path | None = None
     repository_key = ""  # sent as KEY_HEADER on repository calls; "" for a server we do not own
+    # a model's load at most (the profile's model_load_timeout): a worker of ours stops a longer
+    # load itself (--model-load-timeout-secs) and answers; a server we do not own is waited for
+    load_timeout_s = 600.0
 
     def __enter__(self) -> Launcher:
         self.start()
@@ -90,18 +105,39 @@ class Launcher(ABC):
         text = self.log_path.read_text(errors="replace").strip().splitlines()
         return "\n".join(text[-lines:])
 
+    def enforces_load_timeout(self) -> bool:
+        """Whether the server stops a load longer than load_timeout_s itself (our worker,
+        started with --model-load-timeout-secs)."""
+        return False
+
+    def load_wait_s(self) -> float:
+        """How long to wait for a load's answer: a worker that enforces the timeout is given a
+        margin to stop the model's processes and answer with the reason."""
+        return self.load_timeout_s + (LOAD_ANSWER_MARGIN_S if self.enforces_load_timeout() else 0)
+
     # ---- repository API (KServe v2 / Triton) --------------------------------------------------
-    def load(self, name: str, timeout_s: float = 600.0) -> None:
-        """Load `name` from the worker's repository; LaunchError with the worker's reason."""
-        self._repository_call(f"/v2/repository/models/{quote(name, safe='')}/load", timeout_s)
+    def load(self, name: str) -> None:
+        """Load `name` from the worker's repository; LaunchError with the worker's reason,
+        LoadTimeoutError when no answer came in time."""
+        try:
+            path = f"/v2/repository/models/{quote(name, safe='')}/load"
+            self._repository_call(path, self.load_wait_s(),
+                                  timed_out=load_timeout_text(name, self.load_timeout_s))
+        except LoadTimeoutError:
+            raise
+        except LaunchError as err:  # the worker's words name its flag: say the profile's setting
+            text = str(err)
+            if self.enforces_load_timeout() and LOAD_TIMEOUT_FLAG in text:
+                raise LaunchError(text.replace(LOAD_TIMEOUT_FLAG, "model_load_timeout")) from None
+            raise
 
     def check(self) -> None:  # noqa: B027 - a local worker needs nothing checked beforehand
         """LaunchSetupError when no worker can run at all (no daemon, no image, no server)."""
 
-    def load_variant(self, name: str, config_text: str, timeout_s: float = 600.0) -> None:
+    def load_variant(self, name: str, config_text: str) -> None:
         """Load a variant the profiler wrote (`config_text` is its config.pbtxt): a local or docker
         worker reads it from the output repository it serves; a remote server gets the config."""
-        self.load(name, timeout_s)
+        self.load(name)
 
     def unload(self, name: str, timeout_s: float = 120.0) -> None:
         """Unload `name`, and the composing models of an ensemble variant with it (those no
@@ -109,7 +145,10 @@ class Launcher(ABC):
         self._repository_call(f"/v2/repository/models/{quote(name, safe='')}/unload", timeout_s,
                               {"parameters": {"unload_dependents": True}})  # fmt: skip
 
-    def _repository_call(self, path: str, timeout_s: float, body: dict | None = None) -> None:
+    def _repository_call(self, path: str, timeout_s: float, body: dict | None = None,
+                         timed_out: str = "") -> None:  # fmt: skip
+        """POST to the repository API; LaunchError with the worker's reason, LoadTimeoutError
+        (`timed_out`'s words) when given and no answer came within timeout_s."""
         host, _, port = self.http_url.rpartition(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
         headers = {"Content-Type": "application/json"}
@@ -119,6 +158,10 @@ class Launcher(ABC):
             conn.request("POST", path, body=json.dumps(body or {}).encode(), headers=headers)
             response = conn.getresponse()
             answer = response.read()
+        except TimeoutError as err:
+            if timed_out:
+                raise LoadTimeoutError(timed_out) from None
+            raise LaunchError(f"worker at {self.http_url} did not answer {path}: {err}") from None
         except OSError as err:
             raise LaunchError(f"worker at {self.http_url} did not answer {path}: {err}") from None
         finally:

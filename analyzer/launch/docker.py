@@ -134,7 +134,7 @@ class DockerLauncher(Launcher):
                f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
                f"--metrics-port={self.ports['metrics']}"]  # fmt: skip
         if self.ours:
-            cmd.append("--exit-on-stdin-eof")
+            cmd += ["--exit-on-stdin-eof", f"--model-load-timeout-secs={self.load_timeout_s:g}"]
         else:
             cmd += [f"--grpc-address={host}", f"--metrics-address={host}"]
         for flag, value in self.extra_flags.items():
@@ -187,10 +187,13 @@ class DockerLauncher(Launcher):
         self._check_readable(self.model_repository, walk=False)
         self._check_umask()
 
-    def load(self, name: str, timeout_s: float = 600.0) -> None:
+    def load(self, name: str) -> None:
         """Load a variant, first making sure the container's user can read all of it."""
         self._check_readable(self.output_repository / name, walk=True)
-        super().load(name, timeout_s)
+        super().load(name)
+
+    def enforces_load_timeout(self) -> bool:
+        return self.ours
 
     def _check_readable(self, root: Path, walk: bool) -> None:
         ids = _numeric_ids(self.user)

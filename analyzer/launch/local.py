@@ -65,6 +65,9 @@ class LocalLauncher(Launcher):
         self.process: subprocess.Popen | None = None
         self.starts = 0
 
+    def enforces_load_timeout(self) -> bool:
+        return True
+
     def command(self) -> list[str]:
         cmd = [
             sys.executable, "-m", "analyzer", "serve",
@@ -74,6 +77,7 @@ class LocalLauncher(Launcher):
             "--http-port", str(self.ports["http"]),
             "--grpc-port", str(self.ports["grpc"]),
             "--metrics-port", str(self.ports["metrics"]),
+            f"--model-load-timeout-secs={self.load_timeout_s:g}",
         ]  # fmt: skip
         for key, value in self.extra_flags.items():
             cmd.append(f"--{str(key).replace('_', '-')}={value}")

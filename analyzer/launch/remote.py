@@ -19,8 +19,14 @@ import time
 from google.protobuf import json_format
 
 from analyzer.config.model_config import ModelConfig, parse_model_config
-from analyzer.launch.base import Launcher, LaunchError, LaunchSetupError
-from analyzer.loadgen.control import ControlClient, ServerError, control_client
+from analyzer.launch.base import (
+    Launcher,
+    LaunchError,
+    LaunchSetupError,
+    LoadTimeoutError,
+    load_timeout_text,
+)
+from analyzer.loadgen.control import ControlClient, ServerError, ServerTimeout, control_client
 from analyzer.tls import ClientTls
 
 
@@ -84,27 +90,31 @@ class RemoteLauncher(Launcher):
     def exit_status(self) -> str:
         return "" if self.alive() else f"the server at {self.http_url} stopped answering"
 
-    def load_variant(self, name: str, config_text: str, timeout_s: float = 600.0) -> None:
+    def load_variant(self, name: str, config_text: str) -> None:
         """The server does not see our output repository: it loads its own copy of the model
         under the variant's config."""
-        self.load_config(name, parse_model_config(config_text), timeout_s)
+        self.load_config(name, parse_model_config(config_text))
 
-    def load_config(self, model: str, config: ModelConfig, timeout_s: float = 600.0) -> None:
+    def load_config(self, model: str, config: ModelConfig, timeout_s: float | None = None) -> None:
         """Load `model` from the server's repository with `config` instead of its own."""
         named = ModelConfig()
         named.CopyFrom(config)
         named.name = model
         config_json = json_format.MessageToJson(named)
-        self._repository(lambda control: control.load_model(model, config_json), timeout_s)
+        self._repository(lambda control: control.load_model(model, config_json),
+                         self.load_wait_s() if timeout_s is None else timeout_s,
+                         load_timeout_text(model, self.load_timeout_s))  # fmt: skip
 
     def unload(self, name: str, timeout_s: float = 120.0) -> None:
         self._repository(lambda control: control.unload_model(name), timeout_s)
 
-    def _repository(self, call, timeout_s: float) -> None:
+    def _repository(self, call, timeout_s: float, timed_out: str = "") -> None:
         control = self._control(timeout_s)
         try:
             call(control)
         except ServerError as err:
+            if timed_out and isinstance(err, ServerTimeout):
+                raise LoadTimeoutError(timed_out) from None
             raise LaunchError(str(err)) from None
         finally:
             control.close()

@@ -20,6 +20,10 @@ class ServerError(RuntimeError):
     """The server could not be reached or refused a control call; the message says which."""
 
 
+class ServerTimeout(ServerError):
+    """A control call got no answer within the client's timeout."""
+
+
 def split_url(url: str, default_port: int) -> tuple[str, int]:
     """'host:port' or 'http://host:port' -> (host, port)."""
     rest = url.split("://", 1)[-1].rstrip("/")
@@ -106,6 +110,10 @@ class HttpControl(ControlClient):
                 self._conn.close()  # a dropped keep-alive connection: one retry on a fresh one
                 if attempt:
                     raise ServerError(f"{method} {path} on {self.url} failed: {exc}") from None
+            except TimeoutError:
+                self._conn.close()
+                raise ServerTimeout(f"{method} {path} on {self.url}: no answer within "
+                                    f"{self._conn.timeout:g} s") from None  # fmt: skip
             except OSError as exc:
                 self._conn.close()
                 raise ServerError(
@@ -180,7 +188,10 @@ class GrpcControl(ControlClient):
                                                metadata=self._metadata)  # fmt: skip
         except self._grpc.RpcError as exc:
             code = exc.code()
-            if code in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
+            if code == self._grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ServerTimeout(f"{method} on {self.url}: no answer within "
+                                    f"{self._timeout:g} s") from None  # fmt: skip
+            if code == self._grpc.StatusCode.UNAVAILABLE:
                 raise ServerError(f"cannot reach the server at {self.url} over gRPC") from None
             raise ServerError(f"{method} on {self.url}: {exc.details()}") from None
 

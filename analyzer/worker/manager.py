@@ -32,6 +32,7 @@ from analyzer.repository.repository import (
 from analyzer.worker.backends.base import Backend
 from analyzer.worker.ensemble import EnsembleVersion, composing_models
 from analyzer.worker.errors import InferError, Status
+from analyzer.worker.load_deadline import load_deadline
 from analyzer.worker.model import ModelVersion
 from analyzer.worker.names import check_model_name
 
@@ -80,6 +81,7 @@ class ModelManager:
         allow_file_uploads: bool = False,
         max_instance_count: int = 64,
         auto_complete: bool = True,
+        load_timeout_s: float = 0.0,
     ):
         if control_mode not in CONTROL_MODES:
             raise ValueError(
@@ -93,6 +95,7 @@ class ModelManager:
         self._polled: dict[str, FolderFiles] = {}  # poll mode: the files at last look
         self.allow_file_uploads = allow_file_uploads
         self.max_instance_count = max_instance_count
+        self.load_timeout_s = load_timeout_s  # --model-load-timeout-secs (0: as long as it takes)
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
         self._backends_lock = threading.Lock()
@@ -346,7 +349,8 @@ class ModelManager:
             old = dict(entry.versions) if entry.state == "READY" else {}
             entry.state, entry.reason = "LOADING", ""
         try:
-            return self._build(repository, name, override), old
+            with load_deadline(name, self.load_timeout_s):
+                return self._build(repository, name, override), old
         except BaseException as err:
             with self._lock:
                 entry.state = "READY" if old else "UNAVAILABLE"

@@ -13,7 +13,7 @@ from tritonclient.grpc import model_config_pb2
 from analyzer.config.model_config import ModelConfig
 from analyzer.datatypes import config_to_wire
 from analyzer.repository.repository import ModelSource
-from analyzer.worker import devices
+from analyzer.worker import devices, load_deadline
 from analyzer.worker.backends.base import Backend, InstanceSpec
 from analyzer.worker.batcher import Scheduler
 from analyzer.worker.errors import InferError, Status
@@ -80,8 +80,11 @@ class ModelVersion:
         if sequences is not None:
             sequences.set_instances(len(specs))
         samples = warmup_samples(self.config, self.source.path)
+        timed_out = False
         try:
             for index, spec in enumerate(specs):
+                if load_deadline.remaining() == 0:
+                    raise load_deadline.expired(f"{index} of {len(specs)} instances were created")
                 instance = self.backend.create_instance(self.source, self.version, spec)
                 scheduler = self.scheduler  # narrowed below: a lane, or the batcher itself
                 lane: BatchSource = (
@@ -93,12 +96,15 @@ class ModelVersion:
             for runner in self.runners:
                 runner.start()
             for runner in self.runners:  # READY only once every instance ran its warm-up
-                runner.warmed.wait()
+                if not runner.warmed.wait(load_deadline.remaining()):
+                    timed_out = True
+                    raise load_deadline.expired(f"instance {runner.spec.name}'s warm-up "
+                                                "(model_warmup) was still running")  # fmt: skip
                 if runner.warmup_error is not None:
                     raise ValueError(f"model '{self.name}' instance {runner.spec.name}: "
                                      f"{runner.warmup_error}")  # fmt: skip
         except BaseException:
-            self.unload()
+            self.unload(join_timeout_s=0.0 if timed_out else UNLOAD_JOIN_TIMEOUT_S)
             raise
 
     def submit(self, request: InferRequest, checked: bool = False) -> None:
@@ -131,7 +137,7 @@ class ModelVersion:
         else:
             self._order.done(request, outputs, error)
 
-    def unload(self) -> None:
+    def unload(self, join_timeout_s: float = UNLOAD_JOIN_TIMEOUT_S) -> None:
         """Answer what is queued, let in-flight batches finish, then finalize the instances.
 
         A runner still busy after the join timeout has its batch answered with an error here, so
@@ -141,7 +147,7 @@ class ModelVersion:
         for request in self.scheduler.close():
             self.stats.record_failure(request)
             self._deliver(request, None, gone)
-        deadline = time.monotonic() + UNLOAD_JOIN_TIMEOUT_S
+        deadline = time.monotonic() + join_timeout_s
         for runner in self.runners:
             if runner.thread.is_alive():
                 runner.join(timeout=max(deadline - time.monotonic(), 0.0))

@@ -61,6 +61,7 @@ class ServeOptions:
     http_restricted_api: list[str] = field(default_factory=list)  # '<api,...>:<header>=<value>'
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     exit_timeout_s: float = 15.0  # Triton's --exit-timeout-secs: SIGTERM to exit, at most
+    load_timeout_s: float = 0.0  # --model-load-timeout-secs: a model's load at most (0: no limit)
     # the event loop yields the core to model threads instead of preempting them (sched.py)
     loop_yields: bool = True
     auto_complete: bool = True  # Triton's auto-complete of a model's config by its backend
@@ -86,6 +87,7 @@ class Worker:
             allow_file_uploads=options.allow_model_file_uploads,
             max_instance_count=options.limits.max_instance_count,
             auto_complete=options.auto_complete,
+            load_timeout_s=options.load_timeout_s,
         )
         self.servers: list[asyncio.AbstractServer] = []
         self.metrics: MetricsServer | None = None

@@ -27,7 +27,7 @@ from analyzer.config.model_config import (
     model_config_to_dict,
 )
 from analyzer.repository.repository import ModelSource
-from analyzer.worker import sched
+from analyzer.worker import load_deadline, sched
 from analyzer.worker.backends.base import Backend, BackendInstance, InstanceSpec, Result
 from analyzer.worker.backends.python_stub import (
     Message,
@@ -45,7 +45,6 @@ from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest, OnDone, OnResponse, Outputs
 
 log = logging.getLogger(__name__)
-START_TIMEOUT_S = 120
 FINALIZE_TIMEOUT_S = 10  # a model's finalize() gets this long before its process is killed
 _LOCK_WAIT_S = 2  # a call still running after this long at stop is a hung execute
 
@@ -87,6 +86,11 @@ def kill_all_stubs() -> int:
             stub.process.kill()
             killed += 1
     return killed
+
+
+class StubTimeout(InferError):
+    """A call the child did not answer in time; the child was stopped, since a late reply
+    would be read as the next call's."""
 
 
 class StubProcess:
@@ -141,8 +145,9 @@ class StubProcess:
             fd = None
             while True:
                 if timeout is not None and not self.conn.poll(timeout):
-                    raise InferError(f"{self.label} did not answer within {timeout:.0f} s",
-                                     Status.INTERNAL)  # fmt: skip
+                    self.process.kill()
+                    raise StubTimeout(f"{self.label} did not answer within {timeout:g} s",
+                                      Status.INTERNAL)  # fmt: skip
                 reply: Message = self.conn.recv()
                 if reply.get("fd"):
                     reply["fd"] = recv_fd(self.sock)
@@ -291,12 +296,16 @@ class PythonBackend(Backend):
                 f"model '{source.name}' version {version}: {model_file} does not exist"
             )
         stub = StubProcess(f"python model '{source.name}' (auto-complete)")
-        try:
+        try:  # as long as it takes (Triton's), unless the load has a deadline
             reply = stub.call(
                 {"op": "auto_complete", "model_file": str(model_file),
                  "config": json.dumps(model_config_to_dict(config))},
-                timeout=START_TIMEOUT_S,
+                timeout=load_deadline.remaining(),
             )  # fmt: skip
+        except StubTimeout:
+            raise load_deadline.expired(
+                f"python model '{source.name}': auto_complete_config() (or model.py's import) "
+                "was still running; its process was stopped") from None
         except InferError as err:
             raise ValueError(str(err)) from None
         finally:
@@ -353,8 +362,12 @@ class PythonInstance(BackendInstance):
         try:
             reply = self.stub.call(
                 {"op": "initialize", "model_file": str(source.model_file(version)), "args": args},
-                timeout=START_TIMEOUT_S,
+                timeout=load_deadline.remaining(),  # None: as long as it takes (Triton's)
             )
+        except StubTimeout:
+            self.finalize()
+            raise load_deadline.expired(f"instance {spec.name}'s initialize() was still running; "
+                                        "its process was stopped") from None
         except InferError as err:
             self.finalize()
             raise ValueError(f"initialize failed: {err}") from None
