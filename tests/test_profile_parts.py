@@ -148,6 +148,17 @@ def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):
          "'concurrency' range starts at 0; values must be > 0"),
         ("profile_models: {a: {model_config_parameters: {max_batch_size: [4, abc]}}}\n", [],
          "profile_models.a.model_config_parameters.max_batch_size has 'abc'; expected whole"),
+        ("profile_models: {a: {model_config_parameters: {max_batch_sizes: [1, 4]}}}\n", [],
+         "profile_models.a.model_config_parameters: 'max_batch_sizes' is not a field of "
+         "ModelConfig (did you mean 'max_batch_size'?)"),
+        ("profile_models: {a: {model_config_parameters: {instance_group: [{kind: KIND_BOGUS, "
+         "count: [1, 2]}]}}}\n", [],
+         "profile_models.a.model_config_parameters.instance_group = [{'kind': 'KIND_BOGUS', "
+         "'count': 1}]: Failed to parse"),
+        ("profile_models: {a: {model_config_parameters: {dynamic_batching: "
+         "{max_queue_delay_microsecond: [100]}}}}\n", [],
+         "model_config_parameters.dynamic_batching: 'max_queue_delay_microsecond' is not a "
+         "field of ModelDynamicBatching"),
         ("profile_models: [null]\n", [], "'profile_models' has None; expected model names"),
         ("profile_models: [[a]]\n", [], "'profile_models' has ['a']; expected model names"),
         ("profile_models: [a]\n", ["--optuna-min-trials", "50", "--optuna-max-trials", "5"],
@@ -226,6 +237,35 @@ def test_manual_model_config_parameters_expand():
     assert len(options) == 8
     assert {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 200},
             "instance_group": [{"kind": "KIND_CPU", "count": 2}]} in options  # fmt: skip
+    # instance_group as a list of lists: each inner list is one whole value, whose counts are
+    # choices too (MA's normalised form; every combination failed to parse before)
+    nested = expand_manual({"instance_group": [[{"kind": "KIND_CPU", "count": [1, 2]}],
+                                               [{"kind": "KIND_GPU", "count": 1}]]})  # fmt: skip
+    assert nested == [{"instance_group": [{"kind": "KIND_CPU", "count": 1}]},
+                      {"instance_group": [{"kind": "KIND_CPU", "count": 2}]},
+                      {"instance_group": [{"kind": "KIND_GPU", "count": 1}]}]  # fmt: skip
+    assert expand_manual({"dynamic_batching": {"preferred_batch_size": [[2, 4], [8]]}}) == [
+        {"dynamic_batching": {"preferred_batch_size": [2, 4]}},
+        {"dynamic_batching": {"preferred_batch_size": [8]}}]
+
+
+def test_model_config_parameters_in_mas_forms_are_accepted(tmp_path):
+    """The check of every choice against Triton's schema passes what MA's documentation
+    writes: lists of choices, nested messages, instance_group as a list of lists, maps."""
+    (tmp_path / "c.yaml").write_text(
+        f"model_repository: {EXAMPLES}\n"
+        "profile_models:\n"
+        "  add_sub:\n"
+        "    model_config_parameters:\n"
+        "      max_batch_size: [2, 4, 8]\n"
+        "      dynamic_batching: {max_queue_delay_microseconds: [200, 400], "
+        "preferred_batch_size: [[2, 4]]}\n"
+        "      instance_group: [[{kind: KIND_CPU, count: [1, 2]}]]\n"
+        "      parameters: {EXECUTION_ENV_PATH: {string_value: x}}\n"
+        "      model_warmup: [{name: w, batch_size: 1, inputs: {INPUT0: {data_type: TYPE_FP32, "
+        "dims: [[4]], zero_data: true}}}]\n")  # fmt: skip
+    config = load_profile_config(["-f", str(tmp_path / "c.yaml")], cwd=tmp_path)
+    assert config.models[0].model_config_parameters["max_batch_size"] == [2, 4, 8]
 
 
 def test_search_space_file_errors(tmp_path):

@@ -202,6 +202,7 @@ def _model_spec(
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise ProfileConfigError(f"{here}.model_config_parameters.max_batch_size has "
                                          f"{size!r}; expected whole numbers >= 0")  # fmt: skip
+    _check_model_config_parameters(mcp, here)
     others = [k for k in mcp if k not in ("max_batch_size", "instance_group", "dynamic_batching")]
     if others and values["run_config_search_mode"] in ("quick", "optuna"):
         notes.append(f"{here}.model_config_parameters: {', '.join(others)} only vary in brute "
@@ -294,3 +295,19 @@ def environment(value: Any, where: str) -> dict[str, str]:
                                      "value")  # fmt: skip
         out[key] = str(item).lower() if isinstance(item, bool) else str(item)
     return out
+
+
+def _check_model_config_parameters(mcp: dict[str, Any], here: str) -> None:
+    """Every choice of every field must be a valid ModelConfig field and value: a misspelt
+    field or enum name made each combination fail, and the run profiled the default config
+    alone and called it the best."""
+    from analyzer.repository.variants import VariantError, check_parameter, close_field
+    from analyzer.search.brute import expand_manual
+
+    for key, value in mcp.items():
+        for choice in expand_manual(value):
+            try:
+                check_parameter(key, choice)
+            except VariantError as err:
+                hint = close_field(key) if "is not a field of" in str(err) else ""
+                raise ProfileConfigError(f"{here}.{err}{hint}") from None

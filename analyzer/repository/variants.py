@@ -106,6 +106,23 @@ def _apply(message: Any, values: dict[str, Any], where: str) -> None:
             raise VariantError(f"{where}.{key} = {value!r}: {err}") from None
 
 
+def check_parameter(key: str, value: Any) -> None:
+    """VariantError when model_config_parameters' `key` set to `value` (one of its choices) is
+    not a valid ModelConfig field and value for any model: an unknown field, a value of the
+    wrong type, an enum name Triton does not have. Such a choice can never load; checked before
+    the run, it is an error in the user's file rather than combinations skipped."""
+    _apply(ModelConfig(), {key: value}, "model_config_parameters")
+
+
+def close_field(key: str) -> str:
+    """' (did you mean 'max_batch_size'?)' for a near miss of a ModelConfig field, else ''."""
+    import difflib
+
+    names = list(ModelConfig.DESCRIPTOR.fields_by_name)
+    near = difflib.get_close_matches(key, names, n=1)
+    return f" (did you mean '{near[0]}'?)" if near else ""
+
+
 def _is_repeated(fd: FieldDescriptor) -> bool:
     flag = getattr(fd, "is_repeated", None)  # protobuf >= 6 (label() is deprecated there)
     if flag is None:

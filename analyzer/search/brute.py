@@ -32,7 +32,14 @@ def expand_manual(value: Any) -> list[Any]:
     if isinstance(value, list):
         if value and all(isinstance(v, dict) for v in value):
             return [list(combo) for combo in itertools.product(*(expand_manual(v) for v in value))]
-        return list(value)
+        choices: list[Any] = []
+        for choice in value:  # a choice that is a list of mappings (MA's instance_group as a
+            # list of lists) may hold choices inside, as MA expands them
+            if isinstance(choice, list) and choice and all(isinstance(v, dict) for v in choice):
+                choices.extend(expand_manual(choice))
+            else:
+                choices.append(choice)
+        return choices
     return [value]
 
 
