@@ -64,7 +64,12 @@ def broken(tmp_path: Path) -> Path:
     _python_model(repo, "misnamed", PY_CONFIG.format(name="other"))
     _python_model(repo, "typo", PY_CONFIG.format(name="typo") + "max_batch_sizes: 4\n")
     _python_model(repo, "gpu", PY_CONFIG.format(name="gpu")
+                  + 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                  + 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
                   + "instance_group [ { kind: KIND_GPU } ]\n")  # fmt: skip
+    _python_model(repo, "no_io", PY_CONFIG.format(name="no_io"))
+    _python_model(repo, "completes", PY_CONFIG.format(name="completes"), PY + (
+        "    @staticmethod\n    def auto_complete_config(config):\n        return config\n"))
     _write(repo / "nofile" / "config.pbtxt", PY_CONFIG.format(name="nofile"))
     (repo / "nofile" / "1").mkdir()
     _python_model(repo, "badpy", PY_CONFIG.format(name="badpy"), "def execute(:\n")
@@ -122,6 +127,10 @@ def test_every_broken_case_is_one_line_with_its_fix(broken: Path):
         "nofile/1/model.py: is missing (python's model file)",
         "badpy/1/model.py, line 1: does not compile",
         "twice/config.pbtxt: input 'X' is declared 2 times",
+        "no_io/config.pbtxt: the config lists no inputs and no outputs, and model.py's "
+        "TritonPythonModel has no auto_complete_config to add them; declare the model's inputs "
+        "and outputs in no_io/config.pbtxt, or add auto_complete_config to TritonPythonModel",
+        "twice/config.pbtxt: the config lists no outputs, and model.py's",
         "onnx_io/config.pbtxt: input 'INPUT_1' is not an input of model.onnx; did you mean "
         "'INPUT1'?",
         "onnx_type/config.pbtxt: input 'INPUT1' is TYPE_INT32 but the model's is TYPE_FP32; "
@@ -141,6 +150,7 @@ def test_every_broken_case_is_one_line_with_its_fix(broken: Path):
     for line in expected:
         assert line in text, f"missing: {line}\n---\n{text}"
     assert "gpu/config.pbtxt: instance_group[0] is KIND_GPU and this host has no GPU" in text
+    assert "completes/" not in text  # its auto_complete_config may add them (the load says)
     report = json.loads(_lines(broken, "--json").stdout)
     assert report["ok"] is False
     assert {f["severity"] for f in report["findings"]} == {"error", "warning"}
@@ -320,3 +330,45 @@ def test_an_ensemble_step_whose_types_disagree_and_an_empty_repository(tmp_path:
         run.stdout)
     assert "has no model folder 'add_sub'; it holds no model folder" in _lines(
         empty, "--profile-models", "add_sub").stdout
+
+
+def _onnx_with_external_weights(folder: Path) -> None:
+    """OUTPUT0 = INPUT0 + W, with W (4 floats) saved in weights.bin beside model.onnx."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def tensor(name: str):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 4])
+
+    weight = numpy_helper.from_array(np.arange(4, dtype=np.float32), "W")
+    graph = helper.make_graph([helper.make_node("Add", ["INPUT0", "W"], ["OUTPUT0"])], "plus_w",
+                              [tensor("INPUT0")], [tensor("OUTPUT0")], [weight])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(folder / "model.onnx"), save_as_external_data=True,
+                    location="weights.bin", size_threshold=0)  # fmt: skip
+    assert (folder / "weights.bin").stat().st_size == 16
+
+
+def test_onnx_external_data_that_is_missing_or_short_is_named(tmp_path: Path):
+    """check said "no problems found"; the load then failed on the missing weights file."""
+    pytest.importorskip("onnx")
+    repo = tmp_path / "repo"
+    config = ('name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+              'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+              'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')  # fmt: skip
+    for name in ("whole", "missing", "short"):
+        _onnx_with_external_weights(repo / name / "1")
+        _write(repo / name / "config.pbtxt", config.replace("{name}", name))
+    (repo / "missing" / "1" / "weights.bin").unlink()
+    (repo / "short" / "1" / "weights.bin").write_bytes(b"\0" * 8)
+    run = _lines(repo)
+    assert run.returncode == 1
+    text = " ".join(run.stdout.split())
+    assert "whole/" not in text
+    assert ("missing/1/model.onnx: model.onnx's tensor 'W' has its data in 'weights.bin', which "
+            "is not there") in text
+    assert "copy 'weights.bin' into" in text
+    assert "short/1/weights.bin: holds 8 bytes but model.onnx's tensors need 16" in text

@@ -12,6 +12,7 @@ for their forward() signature.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 from dataclasses import asdict, dataclass
@@ -306,15 +307,15 @@ class _ModelCheck:
             self.add(path, f"is missing ({backend}'s model file)", fix)
             return
         if backend == "python":
-            self._python(path)
+            self._python(config, path)
         elif backend == "onnxruntime":
             self._onnx(config, path)
         elif backend == "pytorch":
             self._torchscript(config, path)
 
-    def _python(self, path: Path) -> None:
+    def _python(self, config: ModelConfig, path: Path) -> None:
         try:
-            compile(read_user_bytes(path), str(path), "exec")
+            tree = compile(read_user_bytes(path), str(path), "exec", ast.PyCF_ONLY_AST)
         except UserFileError as err:
             self.add(err.where, err.problem, err.fix)
         except SyntaxError as err:
@@ -322,6 +323,27 @@ class _ModelCheck:
                      "fix the Python syntax (the file was compiled, not run)")  # fmt: skip
         except (ValueError, OSError) as err:
             self.add(path, f"cannot be read as Python: {err}", "save it as UTF-8 Python source")
+        else:
+            self._python_io(config, path, tree)
+
+    def _python_io(self, config: ModelConfig, path: Path, tree: ast.AST) -> None:
+        """A python model whose config lists no inputs or outputs needs auto_complete_config to
+        add them (the load refused it while check said nothing)."""
+        missing = [kind for kind, have in (("inputs", config.input), ("outputs", config.output))
+                   if not have]  # fmt: skip
+        if not missing:
+            return
+        completes = any(isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel" and any(
+            isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+            and item.name == "auto_complete_config" for item in node.body)
+            for node in ast.walk(tree))  # fmt: skip
+        if completes:
+            return
+        where = self.config_path if self.config_path.exists() else self.folder
+        self.add(where, f"the config lists no {' and no '.join(missing)}, and {path.name}'s "
+                 "TritonPythonModel has no auto_complete_config to add them",
+                 f"declare the model's {' and '.join(missing)} in {self.name}/{CONFIG_FILE}, or "
+                 "add auto_complete_config to TritonPythonModel")  # fmt: skip
 
     def _onnx(self, config: ModelConfig, path: Path) -> None:
         try:
@@ -334,6 +356,7 @@ class _ModelCheck:
             self.add(path, f"is not a readable ONNX model ({type(err).__name__})",
                      "export the model again")  # fmt: skip
             return
+        self._onnx_external_data(path, graph)
         initializers = {i.name for i in graph.initializer}
         model_inputs = {v.name: v for v in graph.input if v.name not in initializers}
         model_outputs = {v.name: v for v in graph.output}
@@ -347,6 +370,38 @@ class _ModelCheck:
                              f"{path.name}", _closest(tensor.name, list(actual), f"an {kind}"))
                     continue
                 self._onnx_tensor(kind, tensor, found, batched)
+
+    def _onnx_external_data(self, path: Path, graph) -> None:
+        """Weights kept in files beside the model (models over 2 GB must): each file must be
+        there, inside the model's folder, and long enough; one finding per file, however many
+        tensors it holds (the load failed on it while check said nothing)."""
+        files: dict[str, tuple[str, int]] = {}  # location -> (first tensor, bytes it must have)
+        for tensor in graph.initializer:
+            if tensor.data_location != 1:  # TensorProto.EXTERNAL
+                continue
+            entry = {e.key: e.value for e in tensor.external_data}
+            location = entry.get("location", "")
+            try:
+                end = int(entry.get("offset") or 0) + int(entry.get("length") or 0)
+            except ValueError:
+                end = 0
+            first, need = files.get(location, (tensor.name, 0))
+            files[location] = (first, max(need, end))
+        folder = path.parent.resolve()
+        for location, (first, need) in files.items():
+            target = (path.parent / location).resolve()
+            where = f"{path.name}'s tensor '{first}'"
+            if not location or Path(location).is_absolute() or not target.is_relative_to(folder):
+                self.add(path, f"{where} has its data in '{location}', outside the model's "
+                         "folder (external data must be a relative path beside the model)",
+                         "export the model again with its external data beside it")  # fmt: skip
+            elif not target.is_file():
+                self.add(path, f"{where} has its data in '{location}', which is not there",
+                         f"copy '{location}' into {path.parent} with the model (external data "
+                         "is read relative to the model file)")  # fmt: skip
+            elif target.stat().st_size < need:
+                self.add(target, f"holds {target.stat().st_size} bytes but {path.name}'s "
+                         f"tensors need {need}", "copy the whole file again")  # fmt: skip
 
     def _onnx_tensor(self, kind: str, tensor, value, batched: bool) -> None:
         ttype = value.type.tensor_type
