@@ -159,6 +159,11 @@ def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):
          "{max_queue_delay_microsecond: [100]}}}}\n", [],
          "model_config_parameters.dynamic_batching: 'max_queue_delay_microsecond' is not a "
          "field of ModelDynamicBatching"),
+        ("profile_models: [a]\n", ["-c", "1", "--request-rate", "10"],
+         "profile_models.a: both concurrency [1] and request_rate [10] are given; a model's "
+         "load is one of them"),
+        ("profile_models: {a: {parameters: {request_rate: [5]}}}\nconcurrency: [2]\n", [],
+         "both concurrency [2] and request_rate [5] are given"),
         ("profile_models: [null]\n", [], "'profile_models' has None; expected model names"),
         ("profile_models: [[a]]\n", [], "'profile_models' has ['a']; expected model names"),
         ("profile_models: [a]\n", ["--optuna-min-trials", "50", "--optuna-max-trials", "5"],

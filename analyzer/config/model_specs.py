@@ -235,6 +235,10 @@ def _model_spec(
     pflags = (perf_flags(params["perf_analyzer_flags"], here, notes)
               if params.get("perf_analyzer_flags") is not None
               else dict(values["perf_analyzer_flags"]))  # fmt: skip
+    concurrency, request_rate = listed("concurrency"), listed("request_rate")
+    if concurrency and request_rate:  # one load drives a model (MA refuses both too)
+        raise ProfileConfigError(f"{here}: both concurrency {concurrency} and request_rate "
+                                 f"{request_rate} are given; a model's load is one of them")
     batch_sizes = listed("batch_sizes")
     if "batch_sizes" not in parameters and "batch-size" in pflags:  # perf_analyzer's -b
         batch_sizes = as_list("perf_analyzer_flags batch-size", pflags["batch-size"], int, here)
@@ -242,8 +246,8 @@ def _model_spec(
         name=name,
         cpu_only=convert(BY_NAME["cpu_only"], params.get("cpu_only", values["cpu_only"]), here),
         batch_sizes=batch_sizes,
-        concurrency=listed("concurrency"),
-        request_rate=listed("request_rate"),
+        concurrency=concurrency,
+        request_rate=request_rate,
         objectives=objectives(params["objectives"], here) if "objectives" in params
         else dict(values["objectives"]),
         constraints=with_budgets(constraints(params["constraints"], here), values)
