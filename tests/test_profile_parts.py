@@ -124,6 +124,10 @@ def test_an_unknown_output_field_is_noted_when_the_settings_are_read(tmp_path):
         ("profile_models: [a]\n", ["--batch-sizes", "1,x"], "'batch_sizes' has 'x'"),
         ("profile_models: [a]\n", ["--no-such-flag", "1"], "unrecognized arguments"),
         ("a: [1\n", [], "is not valid YAML at line"),
+        ("profile_models: [a]\nconcurrency: [1]\nbatch_sizes: [1]\nconcurrency: [8]\n", [],
+         "is not valid YAML at line 5: key 'concurrency' is given twice (first at line 3)"),
+        ("profile_models: {a: {parameters: {concurrency: [1], concurrency: [2]}}}\n", [],
+         "is not valid YAML at line 2: key 'concurrency' is given twice (first at line 2)"),
         ("a: caf\xe9\n", [], "c.yaml, line 2: is not UTF-8 text (byte 0xe9 at offset"),
         # a CSV's name once overwrote whatever path it named, and two equal names lost a CSV
         ("profile_models: [a]\n", ["--filename-server-only", "/tmp/a/config.pbtxt"],
@@ -273,6 +277,15 @@ def test_model_config_parameters_in_mas_forms_are_accepted(tmp_path):
     assert config.models[0].model_config_parameters["max_batch_size"] == [2, 4, 8]
 
 
+def test_yaml_merge_keys_may_repeat_what_they_merge():
+    """A repeated key is an error, but `<<: *defaults` followed by an override is YAML's own way
+    to write a variant of a mapping and stays allowed."""
+    from analyzer.config.yaml_file import load_user_yaml
+
+    text = "base: &b {concurrency: [1], batch_sizes: [1]}\nmine:\n  <<: *b\n  concurrency: [4]\n"
+    assert load_user_yaml(text)["mine"] == {"concurrency": [4], "batch_sizes": [1]}
+
+
 def test_search_space_file_errors(tmp_path):
     bad = tmp_path / "space.yaml"
     bad.write_text("dynamic_batching: {max_queue_delay_microseconds: [-5]}\n")
@@ -280,6 +293,9 @@ def test_search_space_file_errors(tmp_path):
         load_search_space(bad)
     bad.write_text("concurrency: {scale: cubic}\n")
     with pytest.raises(SearchSpaceError, match="concurrency.scale"):
+        load_search_space(bad)
+    bad.write_text("concurrency: {scale: linear}\nconcurrency: {scale: doubling}\n")
+    with pytest.raises(SearchSpaceError, match="at line 2: key 'concurrency' is given twice"):
         load_search_space(bad)
 
 

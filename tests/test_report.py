@@ -201,6 +201,12 @@ def test_report_model_configs_writes_the_named_configs_detailed_reports(run, tmp
     assert done.returncode == 2
     assert "report_model_configs names 'add_sub_config_99', which is no measured config" in (
         done.stderr)
+    config.write_text(f"export_path: {copy}\noutput_formats: [html]\nexport_path: {copy}\n")
+    done = subprocess.run([sys.executable, "-m", "analyzer", "report", "-f", str(config)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert "is not valid YAML at line 3: key 'export_path' is given twice (first at line 1)" in (
+        done.stderr)
 
 
 def test_offline_mode_adds_throughput_by_client_batch_size(run, tmp_path):

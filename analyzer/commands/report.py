@@ -99,6 +99,7 @@ def _settings(config_file: Path | None, flags: dict[str, Any]) -> tuple[dict[str
     without an effect here."""
     import yaml
 
+    from analyzer.config.yaml_file import load_user_yaml, yaml_problem
     from analyzer.fsutil import UserFileError, read_user_text
 
     raw: dict[str, Any] = {}
@@ -106,13 +107,12 @@ def _settings(config_file: Path | None, flags: dict[str, Any]) -> tuple[dict[str
     if config_file is not None:
         where = str(config_file)
         try:
-            raw = yaml.safe_load(read_user_text(config_file)) or {}
+            raw = load_user_yaml(read_user_text(config_file)) or {}
         except UserFileError as err:
             raise _BadInput(f"config file {err}") from None
         except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            line = f" at line {mark.line + 1}" if mark else ""
-            raise _BadInput(f"config file '{config_file}' is not valid YAML{line}") from None
+            raise _BadInput(f"config file '{config_file}' is not valid YAML{yaml_problem(err)}"
+                            ) from None  # fmt: skip
         if not isinstance(raw, dict):
             raise _BadInput(f"config file '{config_file}' must hold a mapping of report keys")
         unknown = [k for k in raw if k not in REPORT_KEYS]

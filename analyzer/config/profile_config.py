@@ -33,6 +33,7 @@ from analyzer.config.model_specs import (
 )
 from analyzer.config.settings import Settings
 from analyzer.config.values import BY_NAME, FIELDS, ProfileConfigError, convert
+from analyzer.config.yaml_file import load_user_yaml, yaml_problem
 from analyzer.cpulist import CpuListError, parse_cpu_list
 from analyzer.fsutil import UserFileError, read_user_text
 from analyzer.metrics import OUTPUT_FIELDS
@@ -147,13 +148,12 @@ def _unknown_output_fields(values: dict[str, Any], sources: dict[str, str]) -> l
 def _read_yaml(path: Path, notes: list[str]) -> dict[str, Any]:
     """The settings of a YAML file; MA keys that mean nothing here become notes."""
     try:
-        loaded = yaml.safe_load(read_user_text(path)) or {}
+        loaded = load_user_yaml(read_user_text(path)) or {}
     except UserFileError as err:
         raise ProfileConfigError(f"config file {err}") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise ProfileConfigError(f"config file '{path}' is not valid YAML{line}") from None
+        raise ProfileConfigError(f"config file '{path}' is not valid YAML{yaml_problem(err)}"
+                                 ) from None  # fmt: skip
     if not isinstance(loaded, dict):
         raise ProfileConfigError(f"config file '{path}' must be a mapping of settings")
     raw: dict[str, Any] = {}

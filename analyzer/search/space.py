@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from analyzer.config.yaml_file import load_user_yaml, yaml_problem
 from analyzer.errors import AnalyzerError
 from analyzer.fsutil import UserFileError, read_user_text
 
@@ -107,11 +108,12 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
     path = Path(path) if path else DEFAULT_SPACE
     source = str(path)
     try:
-        data = yaml.safe_load(read_user_text(path)) or {}
+        data = load_user_yaml(read_user_text(path)) or {}
     except UserFileError as err:
         raise SearchSpaceError(f"search space {err}") from None
-    except yaml.YAMLError:
-        raise SearchSpaceError(f"search space '{path}' is not valid YAML") from None
+    except yaml.YAMLError as err:
+        raise SearchSpaceError(f"search space '{path}' is not valid YAML{yaml_problem(err)}"
+                               ) from None  # fmt: skip
     if not isinstance(data, dict):
         raise SearchSpaceError(f"search space '{path}' must be a mapping of settings (keys: "
                                f"{sorted(_KEYS)})")  # fmt: skip
