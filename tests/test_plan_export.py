@@ -163,6 +163,11 @@ def test_export_triton_is_a_repository_ready_to_serve(profiled: Path, tmp_path: 
         assert served.stop() == 0
     again = _run("export", "-e", "EXP", "--output", str(out), cwd=profiled)
     assert again.returncode == 2 and "exists and is not an empty folder" in again.stderr
+    unused = _run("export", "-e", "EXP", "--output", str(tmp_path / "other"), "--storage-uri",
+                  "s3://models/tiny", cwd=profiled)  # fmt: skip
+    assert unused.returncode == 2  # it was ignored: the user meant --format kserve
+    assert "--storage-uri 's3://models/tiny' is for --format kserve" in unused.stderr
+    assert not (tmp_path / "other").exists()
 
 
 def test_export_kserve_writes_an_inference_service_kserve_accepts(profiled: Path, tmp_path: Path):

@@ -44,6 +44,10 @@ def export(export_path: Path, fmt: str, output: Path, models: list[str] | None =
     if fmt == "kserve" and not storage_uri:
         raise ExportError("--format kserve needs --storage-uri: where the repository will be "
                           "uploaded (s3://..., gs://..., pvc://...)")  # fmt: skip
+    if fmt != "kserve" and storage_uri:  # it would be written nowhere: the user meant kserve
+        raise ExportError(f"--storage-uri '{storage_uri}' is for --format kserve (the "
+                          "InferenceService's storageUri); --format triton writes the repository "
+                          "only")  # fmt: skip
     results = load_results(export_path)
     chosen = _models(results, models, export_path)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
