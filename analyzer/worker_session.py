@@ -351,15 +351,27 @@ class WorkerSession:
         return text
 
     def recover(self) -> None:
-        """After a failed config: idle the load, unload, and restart the worker if it died."""
+        """After a failed config: idle the load, unload, and restart the worker if it died.
+
+        Requests still unanswered after the wait mean the model hangs in execute(): a worker of
+        ours is stopped then (its model processes with it) rather than asked to unload, which
+        waits a minute for the hung batch, and the next config starts a fresh one."""
+        stuck = False
         for load in (self.own, *self.part_loads.values()):
             if load.client is not None:
                 try:
                     load.client.quiesce(10)
+                    stuck = stuck or load.client.outstanding() > 0
                 except (OSError, ConnectionError, EOFError):
                     load.close()
-        if self.launcher is not None and not self.launcher.alive():
+        launcher = self.launcher
+        if launcher is not None and stuck and not launcher.remote:
+            for load in (self.own, *self.part_loads.values()):
+                load.close()  # its connections wait on the stopped worker
+            launcher.stop()
+        if launcher is not None and not launcher.alive():
             self.loaded = None
+            self.loaded_parts = []
             return  # restarted lazily by the next measurement
         self.unload_variant()
 

@@ -26,7 +26,7 @@ from analyzer.launch.base import LOAD_ANSWER_MARGIN_S, Launcher, LaunchError, Lo
 from analyzer.launch.local import LocalLauncher
 from analyzer.launch.remote import RemoteLauncher
 from analyzer.worker.restrict import KEY_HEADER
-from analyzer.worker_session import _fresh_worker_after_load_timeout
+from analyzer.worker_session import WorkerSession, _fresh_worker_after_load_timeout
 
 # A model with a helper process of its own (as models that run a tokenizer or a converter do),
 # whose execute() marks that it started, then never returns: a request stays in flight.
@@ -340,3 +340,47 @@ def test_a_worker_of_ours_is_stopped_after_a_load_timed_out(remote):
     with pytest.raises(LaunchError), _fresh_worker_after_load_timeout(held):
         raise LaunchError("failed to load 'm': weights missing")  # answered: the worker is fine
     assert held.stops == (0 if remote else 1)
+
+
+class _StuckClient:
+    """A load client whose requests stay unanswered (a model hung in execute())."""
+
+    def __init__(self, unanswered: int) -> None:
+        self.unanswered = unanswered
+        self.closed = False
+
+    def quiesce(self, timeout_s: float = 30.0) -> None: ...
+
+    def outstanding(self) -> int:
+        return self.unanswered
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Unloads(_Held):
+    def __init__(self, remote: bool) -> None:
+        super().__init__(remote)
+        self.unloaded: list[str] = []
+
+    def unload(self, name: str, timeout_s: float = 120.0) -> None:
+        self.unloaded.append(name)
+
+
+@pytest.mark.parametrize(("unanswered", "remote"), [(1, False), (0, False), (1, True)])
+def test_after_a_failed_config_a_hung_execute_stops_the_worker_instead_of_an_unload(
+        unanswered, remote):  # fmt: skip
+    """An unload waits a minute for a hung batch (and the profile had waited another 30 s
+    before asking): requests still unanswered after the failed config's wait stop a worker of
+    ours, which the next config starts afresh. Otherwise, and for a remote server, it unloads."""
+    session = WorkerSession(None, None, None)  # type: ignore[arg-type]  # recover() needs neither
+    launcher = _Unloads(remote)
+    client = _StuckClient(unanswered)
+    session.launcher, session.own.client = launcher, client  # type: ignore[assignment]
+    session.loaded = session.loaded_as = "m_config_0"
+    session.recover()
+    stopped = unanswered and not remote
+    assert launcher.stops == (1 if stopped else 0)
+    assert launcher.unloaded == ([] if stopped else ["m_config_0"])
+    assert client.closed == bool(stopped)
+    assert session.loaded is None

@@ -161,6 +161,10 @@ class LoadClient:
             time.sleep(0.01)
             self.drain()
 
+    def outstanding(self) -> int:
+        """Requests sent and not yet answered, as of the last drain."""
+        return sum(s.outstanding for s in self.shards)
+
     def drain(self) -> Drained:
         return self._command([("drain",)] * len(self.shards))
 
