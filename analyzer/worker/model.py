@@ -104,7 +104,7 @@ class ModelVersion:
                     raise ValueError(f"model '{self.name}' instance {runner.spec.name}: "
                                      f"{runner.warmup_error}")  # fmt: skip
         except BaseException:
-            self.unload(join_timeout_s=0.0 if timed_out else UNLOAD_JOIN_TIMEOUT_S)
+            self.unload(join_timeout_s=0.0 if timed_out else None)
             raise
 
     def submit(self, request: InferRequest, checked: bool = False) -> None:
@@ -137,7 +137,7 @@ class ModelVersion:
         else:
             self._order.done(request, outputs, error)
 
-    def unload(self, join_timeout_s: float = UNLOAD_JOIN_TIMEOUT_S) -> None:
+    def unload(self, join_timeout_s: float | None = None) -> None:
         """Answer what is queued, let in-flight batches finish, then finalize the instances.
 
         A runner still busy after the join timeout has its batch answered with an error here, so
@@ -147,7 +147,8 @@ class ModelVersion:
         for request in self.scheduler.close():
             self.stats.record_failure(request)
             self._deliver(request, None, gone)
-        deadline = time.monotonic() + join_timeout_s
+        wait = UNLOAD_JOIN_TIMEOUT_S if join_timeout_s is None else join_timeout_s
+        deadline = time.monotonic() + wait
         for runner in self.runners:
             if runner.thread.is_alive():
                 runner.join(timeout=max(deadline - time.monotonic(), 0.0))
