@@ -608,7 +608,7 @@ class TritonPythonModel:
                 model_name="repeat", inputs=[pb_utils.Tensor("IN", values)],
                 requested_output_names=["OUT"])
             seen = [r for r in call().exec(decoupled=True)]
-            streamed = [r async for r in await call().async_exec(decoupled=True)]
+            streamed = [r for r in await call().async_exec(decoupled=True)]  # Triton's form
             row = []
             for responses in (seen, streamed):
                 assert not any(r.has_error() for r in responses)
@@ -621,9 +621,97 @@ class TritonPythonModel:
 '''
 
 
+DOUBLE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)])
+            for r in requests]
+'''
+
+THREADED_BLS = '''
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def double(value):
+    request = pb_utils.InferenceRequest(
+        model_name="double", inputs=[pb_utils.Tensor("IN", np.array([value], dtype=np.int32))],
+        requested_output_names=["OUT"])
+    response = request.exec()
+    assert not response.has_error(), response.error().message()
+    return int(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()[0])
+
+
+class TritonPythonModel:
+    """exec() from 8 threads at once, 5 times over: each answer is the doubled values."""
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            values = [int(v) for v in pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()]
+            with ThreadPoolExecutor(8) as pool:
+                for _ in range(5):
+                    doubled = list(pool.map(double, values))
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.array(doubled, dtype=np.int32))]))
+        return out
+'''
+
+LATE_BLS = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled: a thread started in execute() calls `double` by BLS for each value after
+    execute() returned, sends each answer, then the final flag; one call of the `repeat`
+    iterator is cancelled after its first response, and the channel goes on."""
+
+    def execute(self, requests):
+        for request in requests:
+            values = [int(v) for v in pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()]
+            sender = request.get_response_sender()
+
+            def work(values=values, sender=sender):
+                stream = pb_utils.InferenceRequest(
+                    model_name="repeat", inputs=[pb_utils.Tensor("IN", np.arange(1, 7,
+                    dtype=np.int32))], requested_output_names=["OUT"]).exec(decoupled=True)
+                first = next(stream)
+                stream.cancel()
+                assert list(stream) == [] and not first.has_error()
+                for v in values:
+                    response = pb_utils.InferenceRequest(
+                        model_name="double", inputs=[pb_utils.Tensor(
+                            "IN", np.array([v], dtype=np.int32))],
+                        requested_output_names=["OUT"]).exec()
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(
+                        "OUT", pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy())]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            threading.Thread(target=work).start()
+        return None
+'''
+
+
 @pytest.fixture(scope="module")
 def decoupled_worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("decoupled")
+    io = ('input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+          'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
+    _python_model(repo, "double", DOUBLE, 'name: "double" backend: "python"\n' + io)
+    _python_model(repo, "threaded_bls", THREADED_BLS,
+                  'name: "threaded_bls" backend: "python"\n' + io)
+    _python_model(repo, "late_bls", LATE_BLS, 'name: "late_bls" backend: "python" '
+                  'model_transaction_policy { decoupled: true }\n' + io)
     _python_model(repo, "repeat", REPEAT,
                   'name: "repeat" backend: "python" model_transaction_policy { decoupled: true }\n'
                   'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
@@ -637,7 +725,8 @@ def decoupled_worker(tmp_path_factory):
     assert served.stop() == 0, "".join(served.output)
 
 
-def _stream(url: str, values: list[list[int]], empty_final: bool) -> dict[str, list]:
+def _stream(url: str, values: list[list[int]], empty_final: bool,
+            model: str = "repeat") -> dict[str, list]:  # fmt: skip
     """Each request's responses, in order, as (OUT or None, triton_final_response)."""
     import queue
 
@@ -648,7 +737,7 @@ def _stream(url: str, values: list[list[int]], empty_final: bool) -> dict[str, l
         data = np.array(items, dtype=np.int32)
         tensor = grpcclient.InferInput("IN", [len(items)], "INT32")
         tensor.set_data_from_numpy(data)
-        client.async_stream_infer("repeat", [tensor], request_id=f"r{n}",
+        client.async_stream_infer(model, [tensor], request_id=f"r{n}",
                                   enable_empty_final_response=empty_final)  # fmt: skip
     out: dict[str, list] = {f"r{n}": [] for n in range(len(values))}
     open_requests = set(out)
@@ -677,6 +766,27 @@ def test_a_decoupled_model_streams_n_responses(decoupled_worker):
         assert answers[-1] == (None, True)  # the final flag alone: the empty response asked for
     got = _stream(decoupled_worker.grpc, [[7, 8, 9]], empty_final=False)
     assert got["r0"] == [(7, False), (8, False), (9, False)]  # no empty final unless asked
+
+
+def test_bls_calls_from_several_threads_and_after_execute_returned(decoupled_worker):
+    """exec() from a model's own threads at once broke the model's process (two threads read
+    its channel: "UnpicklingError"), and a decoupled model's thread that called after execute()
+    returned never got its reply (the stub dropped it). A decoupled BLS iterator can be
+    cancelled (Triton's ResponseIterator.cancel())."""
+    values = np.array([3, 1, 4, 1, 5, 9, 2, 6], dtype=np.int32)
+    with grpcclient.InferenceServerClient(decoupled_worker.grpc) as client:
+        for _ in range(3):
+            tensor = grpcclient.InferInput("IN", [len(values)], "INT32")
+            tensor.set_data_from_numpy(values)
+            result = client.infer("threaded_bls", [tensor], client_timeout=60)
+            assert result.as_numpy("OUT").tolist() == (values * 2).tolist()
+    got = _stream(decoupled_worker.grpc, [[7, 8, 9], [1]], empty_final=True, model="late_bls")
+    assert got["r0"] == [(14, False), (16, False), (18, False), (None, True)]
+    assert got["r1"] == [(2, False), (None, True)]
+    with grpcclient.InferenceServerClient(decoupled_worker.grpc) as client:  # still coherent
+        tensor = grpcclient.InferInput("IN", [2], "INT32")
+        tensor.set_data_from_numpy(np.array([5, 6], dtype=np.int32))
+        assert client.infer("double", [tensor]).as_numpy("OUT").tolist() == [10, 12]
 
 
 def test_a_decoupled_model_is_refused_over_http_and_unary_grpc(decoupled_worker):

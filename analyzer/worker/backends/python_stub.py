@@ -16,6 +16,7 @@ import ctypes
 import errno
 import importlib.util
 import inspect
+import itertools
 import json
 import mmap
 import os
@@ -27,7 +28,7 @@ import time
 import traceback
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -291,25 +292,149 @@ def load_model_class(model_file: str) -> Any:
 
 
 class BlsClient:
-    """A model's BLS calls (`InferenceRequest.exec()` / `async_exec()`), sent to the worker over
-    the stub's channel during execute(); the worker runs each on the named model's own scheduler
-    and answers with a `bls_reply` carrying the same id. Replies may come in any order."""
+    """The stub's one channel to the worker, read by whichever thread needs a message, and the
+    model's BLS calls (`InferenceRequest.exec()` / `async_exec()`) over it.
+
+    The worker runs each BLS call on the named model's own scheduler and answers with a
+    `bls_reply` carrying its id; replies may come in any order, and a model may call from any
+    thread: from execute(), from threads it starts there, or from a decoupled model's threads
+    after execute() returned. So no thread owns the channel: one waiting thread at a time reads
+    it (the serve loop between calls, a BLS caller during one) and files what it reads, replies
+    by id for their callers and the worker's requests for the serve loop; the others wait on a
+    condition. The serve loop reads the next execute itself when nothing else waits: no thread
+    hop on the hot path."""
 
     def __init__(self, conn: Connection, sock: socket.socket, send_lock: threading.Lock) -> None:
         self.conn = conn
         self.sock = sock
         self.send_lock = send_lock
-        self.next_id = 0
+        self.ids = itertools.count(1)
+        self.cond = threading.Condition()
+        self.reading = False  # a thread is reading the channel (outside the condition's lock)
+        self.closed = False  # the worker closed the channel
+        self.ops: deque[Message] = deque()  # the worker's requests, for the serve loop
         self.replies: dict[int, Message] = {}  # arrived, not yet taken
-        self.futures: dict[int, asyncio.Future[Message]] = {}  # async_exec() calls waiting
-        self.abandoned: set[int] = set()  # timed out: their late replies are dropped
-        # exec(decoupled=True) calls: their responses as they arrive (async: a queue)
-        self.streams: dict[int, deque[Message] | asyncio.Queue[Message]] = {}
+        # async_exec() calls waiting: their future and its loop
+        self.futures: dict[int, tuple[asyncio.Future[Message], asyncio.AbstractEventLoop]] = {}
+        self.abandoned: set[int] = set()  # timed out or cancelled: their late replies are dropped
+        self.streams: dict[int, deque[Message]] = {}  # exec(decoupled=True): responses so far
         self.loop: asyncio.AbstractEventLoop | None = None  # watching the channel, when async
 
+    # ---- reading ------------------------------------------------------------------------------
+    def wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait until ready() holds (it is checked under the condition's lock), reading the
+        channel meanwhile when no other thread does. False on timeout; EOFError once the worker
+        closed the channel."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while not ready():
+                if self.closed:
+                    raise EOFError("the worker closed the channel")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if self.reading:
+                    self.cond.wait(left)
+                    continue
+                self.reading = True
+                self.cond.release()
+                try:
+                    messages = self._read(left)
+                finally:
+                    self.cond.acquire()
+                    self.reading = False
+                self._file(messages)
+            return True
+
+    def _read(self, timeout: float | None) -> list[Message] | None:
+        """The messages waiting (one, after waiting up to `timeout` for it); [] on timeout,
+        None when the channel closed."""
+        out: list[Message] = []
+        try:
+            if not self.conn.poll(timeout):
+                return out
+            while True:
+                message = self.conn.recv()
+                if message.get("fd"):
+                    message["fd"] = recv_fd(self.sock)
+                out.append(message)
+                if not self.conn.poll(0):
+                    return out
+        except (EOFError, OSError):
+            for message in out:  # the worker is gone: nobody will take these
+                discard_fd(message)
+            return None
+
+    def _file(self, messages: list[Message] | None) -> None:
+        """(Under the condition's lock.) Replies to their callers, the rest to the serve loop;
+        every waiter is woken to look."""
+        if messages is None:
+            self.closed = True
+        for message in messages or []:
+            if message.get("op") == "bls_reply":
+                self._take(message)
+            else:
+                self.ops.append(message)
+        self.cond.notify_all()
+        if self.closed:
+            for future, loop in self.futures.values():
+                loop.call_soon_threadsafe(_fail, future, EOFError("the worker closed the channel"))
+            self.futures.clear()
+
+    def _take(self, message: Message) -> None:
+        number = message["id"]
+        try:
+            message["arrays"] = unpack_tensors(message)
+        except (OSError, ValueError) as err:
+            message["error"] = f"the BLS reply's tensors cannot be read: {err}"
+        if number in self.abandoned:
+            if message.get("final", True):
+                self.abandoned.discard(number)
+            return
+        stream = self.streams.get(number)
+        if stream is not None:  # exec(decoupled=True): one message per response
+            stream.append(message)
+            return
+        waiting = self.futures.pop(number, None)
+        if waiting is not None:
+            future, loop = waiting
+            loop.call_soon_threadsafe(_resolve, future, message)
+        else:
+            self.replies[number] = message
+
+    def next_op(self) -> Message:
+        """The worker's next request (execute, finalize, ...), for the serve loop."""
+        self.wait_until(lambda: bool(self.ops), None)
+        with self.cond:
+            return self.ops.popleft()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Replies to async calls are read by the loop when the channel is readable and no
+        other thread reads it (that thread files them for the loop)."""
+        if self.loop is not loop:
+            loop.add_reader(self.conn.fileno(), self._readable)
+            self.loop = loop
+
+    def _readable(self) -> None:
+        with self.cond:
+            if self.reading or self.closed:
+                return
+            self.reading = True
+        try:
+            messages = self._read(0)
+        finally:
+            with self.cond:
+                self.reading = False
+                self._file(messages)
+
+    def stop_watching(self) -> None:
+        if self.loop is not None:
+            self.loop.remove_reader(self.conn.fileno())
+            self.loop = None
+
+    # ---- calls --------------------------------------------------------------------------------
     def send(self, request: pb_utils.InferenceRequest, decoupled: bool = False) -> int:
-        self.next_id += 1
-        number = self.next_id
+        number = next(self.ids)
         fields, fd = pack_tensors([(t.name(), t.as_numpy()) for t in request.inputs()])
         with self.send_lock:
             self.conn.send({
@@ -324,136 +449,112 @@ class BlsClient:
         return number
 
     def call(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        """exec(): send, then read the channel until this call's reply (others are kept)."""
+        """exec(): send, then wait for this call's reply (any thread may call)."""
         number = self.send(request)
-        timeout = _seconds(request)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while number not in self.replies:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            if left is not None and not self.conn.poll(left):
+        try:
+            arrived = self.wait_until(lambda: number in self.replies, _seconds(request))
+        except EOFError:
+            return _closed()
+        with self.cond:
+            if not arrived:
                 self.abandoned.add(number)
                 return _timed_out(request)
-            self.read_one()
-        return _response(self.replies.pop(number))
+            return _response(self.replies.pop(number))
 
-    def call_decoupled(
-        self, request: pb_utils.InferenceRequest
-    ) -> Iterator[pb_utils.InferenceResponse]:
-        """exec(decoupled=True): an iterator over the responses as they come; the last one is
-        the final flag (an empty response when the model sent the flag alone)."""
+    def call_decoupled(self, request: pb_utils.InferenceRequest) -> ResponseIterator:
+        """exec(decoupled=True), and async_exec(decoupled=True) as Triton's: an iterator over the
+        responses as they come; the last one is the final flag (an empty response when the model
+        sent the flag alone)."""
         number = self.send(request, decoupled=True)
-        stream: deque[Message] = deque()
-        self.streams[number] = stream
-        timeout = _seconds(request)
-
-        def responses() -> Iterator[pb_utils.InferenceResponse]:
-            try:
-                while True:
-                    while not stream:
-                        if timeout is not None and not self.conn.poll(timeout):
-                            self.abandoned.add(number)
-                            yield _timed_out(request)
-                            return
-                        self.read_one()
-                    message = stream.popleft()
-                    yield _response(message)
-                    if message.get("final", True):
-                        return
-            finally:
-                self.streams.pop(number, None)
-
-        return responses()
-
-    async def call_async_decoupled(
-        self, request: pb_utils.InferenceRequest
-    ) -> AsyncIterator[pb_utils.InferenceResponse]:
-        """async_exec(decoupled=True): an async iterator over the responses as they come."""
-        loop = asyncio.get_running_loop()
-        number = self.send(request, decoupled=True)
-        queue: asyncio.Queue[Message] = asyncio.Queue()
-        self.streams[number] = queue
-        self._watch(loop)
-        timeout = _seconds(request)
-
-        async def responses() -> AsyncIterator[pb_utils.InferenceResponse]:
-            try:
-                while True:
-                    try:
-                        message = await asyncio.wait_for(queue.get(), timeout)
-                    except TimeoutError:
-                        self.abandoned.add(number)
-                        yield _timed_out(request)
-                        return
-                    yield _response(message)
-                    if message.get("final", True):
-                        return
-            finally:
-                self.streams.pop(number, None)
-
-        return responses()
+        with self.cond:
+            self.streams[number] = deque()
+        return ResponseIterator(self, number, request)
 
     async def call_async(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         """async_exec(): send, then wait on a future the channel's reader resolves."""
         loop = asyncio.get_running_loop()
-        number = self.send(request)
         future: asyncio.Future[Message] = loop.create_future()
-        self.futures[number] = future
+        number = self.send(request)
+        with self.cond:
+            if number in self.replies:  # filed by another thread before the future existed
+                future.set_result(self.replies.pop(number))
+            elif self.closed:
+                future.set_exception(EOFError("the worker closed the channel"))
+            else:
+                self.futures[number] = (future, loop)
         self._watch(loop)
-        timeout = _seconds(request)
         try:
-            reply = await asyncio.wait_for(future, timeout)
+            reply = await asyncio.wait_for(future, _seconds(request))
         except TimeoutError:
-            self.futures.pop(number, None)
-            self.abandoned.add(number)
+            with self.cond:
+                self.futures.pop(number, None)
+                self.abandoned.add(number)
             return _timed_out(request)
+        except EOFError:
+            return _closed()
         return _response(reply)
 
-    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Replies to async calls are read by the loop when the channel is readable."""
-        if self.loop is not loop:
-            loop.add_reader(self.conn.fileno(), self._readable)
-            self.loop = loop
 
-    def _readable(self) -> None:
-        while self.conn.poll(0):
-            self.read_one()
+class ResponseIterator:
+    """The responses of one decoupled BLS call, as they come (Triton's ResponseIterator);
+    `cancel()` stops waiting for more, and the responses still to come are dropped."""
 
-    def read_one(self) -> None:
-        message = self.conn.recv()
-        if message.get("fd"):
-            message["fd"] = recv_fd(self.sock)
-        self.take(message)
+    def __init__(self, client: BlsClient, number: int, request: pb_utils.InferenceRequest) -> None:
+        self.client = client
+        self.number = number
+        self.request = request
+        self.done = False
 
-    def take(self, message: Message) -> None:
-        """A reply, stored for its caller or handed to its future; any other message here is
-        the worker breaking the protocol."""
-        if message.get("op") != "bls_reply":
-            discard_fd(message)
-            raise RuntimeError(f"unexpected message '{message.get('op')}' during execute()")
-        number = message["id"]
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> pb_utils.InferenceResponse:
+        client, number = self.client, self.number
+        if self.done:
+            raise StopIteration
+        stream = client.streams.get(number)
+        if stream is None:
+            self.done = True
+            raise StopIteration
         try:
-            message["arrays"] = unpack_tensors(message)
-        except (OSError, ValueError) as err:
-            message["error"] = f"the BLS reply's tensors cannot be read: {err}"
-        if number in self.abandoned:
-            if message.get("final", True):
-                self.abandoned.discard(number)
-            return
-        stream = self.streams.get(number)
-        if stream is not None:  # exec(decoupled=True): one message per response
-            stream.put_nowait(message) if isinstance(stream, asyncio.Queue) else stream.append(
-                message)  # fmt: skip
-            return
-        future = self.futures.pop(number, None)
-        if future is not None and not future.done():
-            future.set_result(message)
-        else:
-            self.replies[number] = message
+            arrived = client.wait_until(lambda: bool(stream), _seconds(self.request))
+        except EOFError:
+            self._end()
+            return _closed()
+        if not arrived:
+            self.cancel()
+            return _timed_out(self.request)
+        with client.cond:
+            message = stream.popleft()
+        if message.get("final", True):
+            self._end()
+        return _response(message)
 
-    def stop_watching(self) -> None:
-        if self.loop is not None:
-            self.loop.remove_reader(self.conn.fileno())
-            self.loop = None
+    def cancel(self) -> None:
+        """No more responses are waited for; those still to come are dropped."""
+        if not self.done:
+            with self.client.cond:
+                self.client.abandoned.add(self.number)
+            self._end()
+
+    def _end(self) -> None:
+        self.done = True
+        with self.client.cond:
+            self.client.streams.pop(self.number, None)
+
+
+def _closed() -> pb_utils.InferenceResponse:
+    return _error_response("the worker closed the channel", pb_utils.TritonError.UNAVAILABLE)
+
+
+def _resolve(future: asyncio.Future[Message], message: Message) -> None:
+    if not future.done():
+        future.set_result(message)
+
+
+def _fail(future: asyncio.Future[Message], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 def _response(reply: Message) -> pb_utils.InferenceResponse:
@@ -496,15 +597,10 @@ class Stub:
     def serve(self) -> None:
         while True:
             try:
-                message = self.conn.recv()
-                if message.get("fd"):
-                    message["fd"] = recv_fd(self.sock)
+                message = self.bls.next_op()
             except EOFError:
                 break
             op = message["op"]
-            if op == "bls_reply":  # an async_exec() call nobody awaited: dropped
-                discard_fd(message)
-                continue
             fd = None
             try:
                 reply = getattr(self, f"op_{op}")(message)

@@ -278,10 +278,10 @@ class InferenceRequest:
         return _bls().call(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
-        """BLS, awaitable: several calls gathered run side by side; `decoupled`: an async
-        iterator over the responses."""
+        """BLS, awaitable: several calls gathered run side by side; `decoupled`: an iterator
+        over the responses (a plain one, as Triton's)."""
         if decoupled:
-            return await _bls().call_async_decoupled(self)
+            return _bls().call_decoupled(self)
         return await _bls().call_async(self)
 
 
