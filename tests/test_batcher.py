@@ -173,3 +173,67 @@ def test_close_releases_waiting_instances_and_returns_leftovers():
     leftovers = s.close()
     t.join(5)
     assert results == [None] and len(leftovers) == 1
+
+
+def test_a_delay_past_any_clock_waits_without_overflowing():
+    """max_queue_delay_microseconds of 2^64-1: the wait raised OverflowError, logged a traceback
+    every 0.2 s and never answered; it is now a long wait that close() ends."""
+    s = scheduler("dynamic_batching { preferred_batch_size: [ 8 ] "
+                  "max_queue_delay_microseconds: 18446744073709551615 }")  # fmt: skip
+    s.enqueue(request())
+    results: list = []
+    t = threading.Thread(target=lambda: results.append(s.next_batch()))
+    t.start()
+    time.sleep(0.1)
+    assert t.is_alive()  # waiting, not failing
+    assert len(s.close()) == 1
+    t.join(5)
+    assert results == [None]
+
+
+def _sequence_request(corrid: int, start: bool) -> InferRequest:
+    from analyzer.worker.params import SEQUENCE_START
+
+    r = request(batch=1)
+    r.correlation_id = corrid
+    r.flags = SEQUENCE_START if start else 0
+    return r
+
+
+def test_many_queued_sequences_cost_each_request_a_bounded_amount_of_work(monkeypatch):
+    """Each request scanned every live sequence against the whole queue for idleness (under the
+    lock the event loop takes): 3,000 queued sequences held the worker for minutes. Now a
+    request checks its own sequence, and a pass over all of them runs at most every 50 ms."""
+    from analyzer.worker import sequence as sequence_module
+    from analyzer.worker.sequence import SequenceScheduler
+
+    config = parse_model_config(
+        'name: "m"\nmax_batch_size: 1073741824\nsequence_batching { '
+        "max_sequence_idle_microseconds: 18446744073709551615 oldest { "
+        "max_candidate_sequences: 4096 preferred_batch_size: [ 1073741824 ] "
+        "max_queue_delay_microseconds: 18446744073709551615 } }")  # fmt: skip
+    s = SequenceScheduler(config, ModelStats("m", 1), lambda *a: None)
+    s.set_instances(1)
+    checks = 0
+    original = sequence_module._Sequence.idle
+
+    def counted(self, now, idle_ns):
+        nonlocal checks
+        checks += 1
+        return original(self, now, idle_ns)
+
+    monkeypatch.setattr(sequence_module._Sequence, "idle", counted)
+    monkeypatch.setattr(sequence_module, "SWEEP_NS", 1 << 62)  # no timed pass in this test
+    results: list = []
+    t = threading.Thread(target=lambda: results.append(s.lane(0).next_batch()))
+    t.start()  # an instance waiting all along, woken by every arrival
+    n = 3000
+    for corrid in range(1, n + 1):
+        s.enqueue(_sequence_request(corrid, start=True))
+    for corrid in range(1, n + 1):
+        s.enqueue(_sequence_request(corrid, start=False))
+    assert s.pending == 2 * n
+    assert checks <= 2 * n  # one per request for its own sequence (was ~n x queue per request)
+    assert len(s.close()) == 2 * n
+    t.join(5)
+    assert results == [None]

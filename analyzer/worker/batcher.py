@@ -34,6 +34,7 @@ from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import InferRequest, Outputs
 from analyzer.worker.stats import ModelStats
 
+MAX_WAIT_S = 3600.0  # one wait at most: the loop looks again (a wait of 2^64 us overflowed)
 _REJECT = 0  # ModelQueuePolicy.TimeoutAction.REJECT
 
 Deliver = Callable[[InferRequest, Outputs | None, Exception | None], None]
@@ -151,7 +152,7 @@ class Scheduler:
                 if dropped:
                     return [], dropped
                 self._idle += 1
-                self._cond.wait(wait_ns / 1e9)
+                self._cond.wait(min(wait_ns / 1e9, MAX_WAIT_S))  # 2^64 us overflowed
                 self._idle -= 1
 
     def _has_timeouts(self) -> bool:

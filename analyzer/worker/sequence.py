@@ -29,7 +29,7 @@ from tritonclient.grpc import model_config_pb2
 
 from analyzer.config.model_config import ModelConfig
 from analyzer.datatypes import WIRE_TO_NUMPY, config_to_wire
-from analyzer.worker.batcher import Deliver
+from analyzer.worker.batcher import MAX_WAIT_S, Deliver
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.params import SEQUENCE_END, SEQUENCE_START
 from analyzer.worker.request import InferRequest
@@ -38,6 +38,7 @@ from analyzer.worker.stats import ModelStats
 Kind = model_config_pb2.ModelSequenceBatching.Control.Kind
 MAX_SEQUENCES = 4096  # live sequences per model version
 DEFAULT_IDLE_US = 1_000_000
+SWEEP_NS = 50_000_000  # idle sequences are looked for at most this often (and when full)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ class _Sequence:
     lane: int
     last_ns: int
     ending: bool = False  # its END request is queued: released when it is taken
+    queued: int = 0  # its requests in the lane's queue (an idle sequence has none)
+
+    def idle(self, now: int, idle_ns: int) -> bool:
+        return self.queued == 0 and now - self.last_ns > idle_ns
 
 
 @dataclass
@@ -104,6 +109,7 @@ class SequenceScheduler:
         self._cond = threading.Condition(threading.Lock())
         self._size = 0
         self._closed = False
+        self._swept_ns = 0
 
     def set_instances(self, count: int) -> None:
         self.lanes = [_Lane() for _ in range(max(count, 1))]
@@ -131,8 +137,11 @@ class SequenceScheduler:
         with self._cond:
             if self._closed:
                 raise InferError(f"model '{self.name}' is unloading", Status.UNAVAILABLE)
-            self._release_idle(now)
+            self._sweep(now, full=len(self.sequences) >= MAX_SEQUENCES)
             sequence = self.sequences.get(corrid)
+            if sequence is not None and sequence.idle(now, self.idle_ns):
+                self._release(corrid)  # idle past the limit: as if never started
+                sequence = None
             if request.flags & SEQUENCE_START:
                 if sequence is None:
                     if len(self.sequences) >= MAX_SEQUENCES:
@@ -151,6 +160,7 @@ class SequenceScheduler:
             if request.flags & SEQUENCE_END:
                 sequence.ending = True
             self.lanes[sequence.lane].queue.append(request)
+            sequence.queued += 1
             self._size += 1
             self._cond.notify_all()
 
@@ -176,10 +186,16 @@ class SequenceScheduler:
             request.inputs[control.name] = array
             request.wire_types[control.name] = control.wire
 
-    def _release_idle(self, now: int) -> None:
-        """Sequences with no request for longer than the idle time, and none queued, end."""
-        stale = [c for c, s in self.sequences.items() if now - s.last_ns > self.idle_ns
-                 and not any(r.correlation_id == c for r in self.lanes[s.lane].queue)]  # fmt: skip
+    def _sweep(self, now: int, full: bool = False) -> None:
+        """Sequences with no request for longer than the idle time, and none queued, end: one
+        pass over the live sequences, at most every SWEEP_NS unless the table is full (a
+        request's own sequence is checked as it comes). It was a pass per request and per
+        wake-up that also scanned the queue for each sequence: thousands of queued sequences
+        held the lock, and the event loop behind it, for minutes."""
+        if not full and now - self._swept_ns < SWEEP_NS:
+            return
+        self._swept_ns = now
+        stale = [c for c, s in self.sequences.items() if s.idle(now, self.idle_ns)]
         for corrid in stale:
             self._release(corrid)
 
@@ -203,8 +219,9 @@ class SequenceScheduler:
                         return batch
                     if dropped:
                         return []
-                    self._cond.wait(wait_ns / 1e9 if wait_ns else self.idle_ns / 1e9)
-                    self._release_idle(time.perf_counter_ns())
+                    self._cond.wait(min(wait_ns / 1e9 if wait_ns else self.idle_ns / 1e9,
+                                        MAX_WAIT_S))  # fmt: skip
+                    self._sweep(time.perf_counter_ns())
         finally:
             for request in dropped:  # answered outside the lock, as any other completion
                 self.stats.record_failure(request)
@@ -222,9 +239,7 @@ class SequenceScheduler:
                 seen.add(request.correlation_id)
                 batch.append(request)
         if dropped:
-            for request in dropped:
-                lane.queue.remove(request)
-                self._size -= 1
+            self._take(lane, dropped)
             return [], 0
         if not batch:
             return [], 0
@@ -232,13 +247,22 @@ class SequenceScheduler:
             waited = time.perf_counter_ns() - batch[0].queue_start_ns
             if waited < self.delay_ns:
                 return [], self.delay_ns - waited
+        self._take(lane, batch)
         for request in batch:
-            lane.queue.remove(request)
-            self._size -= 1
             sequence = self.sequences.get(request.correlation_id)
             if request.flags & SEQUENCE_END and sequence is not None and sequence.ending:
                 self._release(request.correlation_id)
         return batch, 0
+
+    def _take(self, lane: _Lane, taken: list[InferRequest]) -> None:
+        """Out of the lane's queue, in one pass (a remove() per request was one pass each)."""
+        ids = {id(r) for r in taken}
+        lane.queue = deque(r for r in lane.queue if id(r) not in ids)
+        self._size -= len(taken)
+        for request in taken:
+            sequence = self.sequences.get(request.correlation_id)
+            if sequence is not None:
+                sequence.queued -= 1
 
     def close(self) -> list[InferRequest]:
         with self._cond:
