@@ -410,6 +410,53 @@ def test_bytes_claims_beyond_the_payload_are_refused_before_allocating(worker, c
     assert_serves(conn, stub)
 
 
+def test_a_bytes_input_the_model_does_not_take_is_refused_before_its_elements_are_made(
+        monkeypatch):  # fmt: skip
+    """16 M empty BYTES elements for add_sub (FP32) were all made into Python objects, on the
+    event loop, before the datatype was compared: 9 s with the server unresponsive, for a
+    400. The datatype is compared first now, over both protocols."""
+    from analyzer.config.model_config import load_model_config
+    from analyzer.worker import grpc_messages, http_tensors
+    from analyzer.worker.errors import InferError
+    from analyzer.worker.validate import RequestValidator
+
+    validator = RequestValidator(load_model_config(EXAMPLES / "add_sub" / "config.pbtxt"))
+    made: list[str] = []
+
+    def counting(data, wire, shape, count):
+        made.append(wire)
+        raise AssertionError("decoded before the datatype was checked")
+
+    monkeypatch.setattr(http_tensors, "tensor_from_bytes", counting)
+    monkeypatch.setattr(grpc_messages, "tensor_from_bytes", counting)
+    count = 16_000_000
+    header = {"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1, count],
+                          "parameters": {"binary_data_size": 4 * count}}]}  # fmt: skip
+    plan = http_tensors._make_plan(header, keep=False)
+    blob = memoryview(bytes(4 * count))
+    with pytest.raises(InferError, match="unexpected datatype BYTES for inference input "
+                       "'INPUT0', expecting FP32 for model 'add_sub'"):  # fmt: skip
+        http_tensors._decode_inputs(plan, None, blob, None, validator)
+    request = pb.ModelInferRequest(model_name="add_sub", raw_input_contents=[bytes(blob)])
+    request.inputs.add(name="INPUT0", datatype="BYTES", shape=[1, count])
+    with pytest.raises(InferError, match="unexpected datatype BYTES"):
+        grpc_messages.decode_inputs(request, None, validator)
+    assert made == []
+
+
+def test_an_output_requested_twice_is_refused(conn, stub):
+    """Each copy was sent: a 155 KB request naming an output 1,000 times got 393 MB back."""
+    body = add_sub_body()
+    body["outputs"] = [{"name": "OUTPUT0"}] * 1000
+    status, answer = call(conn, "POST", "/v2/models/add_sub/infer", body)
+    assert status == 400 and "output 'OUTPUT0' is requested more than once" in answer["error"]
+    request = add_sub_request()
+    for _ in range(3):
+        request.outputs.add(name="OUTPUT1")
+    assert grpc_code(stub.ModelInfer, request) == grpc.StatusCode.INVALID_ARGUMENT
+    assert_serves(conn, stub)
+
+
 # -- 4. malformed field types -------------------------------------------------------------------
 def _mutated(path: str, value):
     """add_sub's valid body with one field replaced: path like 'inputs.0.shape'."""

@@ -120,3 +120,26 @@ def test_an_input_in_shared_memory_is_capped_as_a_request_body_is(regions):
     finally:
         client.close()
         assert served.stop() == 0
+
+
+def test_a_region_that_cannot_be_mapped_is_the_clients_error(tmp_path, monkeypatch):
+    """A sparse 1 TiB object registered whole failed mmap with ENOMEM under a memory limit,
+    and the client got a 500 "internal error"; it is a 400 naming the region and the size."""
+    import errno
+
+    from analyzer.worker import shm as shm_module
+    from analyzer.worker.errors import InferError, Status
+
+    (tmp_path / "big").write_bytes(b"\0" * 64)
+    registry = shm_module.SharedMemoryRegistry(str(tmp_path))
+
+    def no_memory(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(shm_module.mmap, "mmap", no_memory)
+    with pytest.raises(InferError) as err:
+        registry.register("r", "/big", 0, 64)
+    assert err.value.status == Status.INVALID_ARG
+    assert "'/big' cannot be mapped with offset 0 + byte_size 64 (Cannot allocate memory)" in (
+        str(err.value))
+    assert registry.status() == []

@@ -262,7 +262,7 @@ class InferenceService:
         check_model_name(request.model_name)
         model = self.manager.get(request.model_name, request.model_version)
         try:
-            inputs, wire_types = decode_inputs(request, self.shm)
+            inputs, wire_types = decode_inputs(request, self.shm, model.validator)
         except InferError:
             raise
         except Exception as err:  # a malformed request must not reach the client as UNKNOWN

@@ -22,6 +22,7 @@ from analyzer.datatypes import (
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.params import show_value
 from analyzer.worker.shm import SharedMemoryRegistry, region_params
+from analyzer.worker.validate import RequestValidator
 
 # InferTensorContents field holding each datatype's values when raw contents are not used.
 _CONTENTS_FIELD = {
@@ -78,10 +79,12 @@ def tensor_region(tensor: Any, what: str) -> tuple[str, int, int] | None:
 
 
 def decode_inputs(
-    request: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None
+    request: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None,
+    validator: RequestValidator | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Inputs from raw_input_contents (one per input not in shared memory), the typed contents,
-    or a copy of the shared memory region an input's parameters name."""
+    or a copy of the shared memory region an input's parameters name. A BYTES input is checked
+    against the model (`validator`) before its elements are made."""
     if not request.inputs:
         raise InferError("inference request has no inputs")
     regions = [tensor_region(t, f"input '{t.name}'") for t in request.inputs]
@@ -96,6 +99,8 @@ def decode_inputs(
         name, wire, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
         if name in inputs:
             raise InferError(f"input '{name}' is given twice")
+        if wire == "BYTES" and validator is not None:
+            validator.check_type(name, wire)
         try:
             dtype = wire_to_numpy(wire)
             count = shape_count(shape)

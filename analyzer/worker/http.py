@@ -261,7 +261,7 @@ class RestApi:
         model = self.manager.get(name, version)
         arrival = time.perf_counter_ns()
         plan, header, binary = self._plans.plan(http)
-        inputs, wire_types = _decode_inputs(plan, header, binary, self.shm)
+        inputs, wire_types = _decode_inputs(plan, header, binary, self.shm, model.validator)
         request_id = plan.request_id
         outputs_spec, binary_default, heads = plan.outputs, plan.binary_default, plan.heads
         loop = self.loop

@@ -38,6 +38,7 @@ from analyzer.worker.shm import SharedMemoryRegistry, region_params
 
 if TYPE_CHECKING:
     from analyzer.worker.manager import Served
+    from analyzer.worker.validate import RequestValidator
 
 HEADER_LENGTH = "inference-header-content-length"
 # a kept plan's response heads by output layout: (JSON head, the outputs sent as (name, wire
@@ -198,16 +199,19 @@ def _make_plan(header: dict[str, Any], keep: bool) -> _Plan:
 
 def _decode_inputs(
     plan: _Plan, header: dict[str, Any] | None, binary: memoryview,
-    shm: SharedMemoryRegistry | None = None,
+    shm: SharedMemoryRegistry | None = None, validator: RequestValidator | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The input arrays: views of the binary part, copies of a shared memory region, or
-    converted JSON 'data' (header given)."""
+    converted JSON 'data' (header given). A BYTES input is checked against the model
+    (`validator`) before its elements are made."""
     inputs: dict[str, np.ndarray] = {}
     wire_types: dict[str, str] = {}
     offset = 0
     available = len(binary)
     for p in plan.inputs:
         name, size = p.name, p.size
+        if p.wire == "BYTES" and validator is not None:
+            validator.check_type(name, p.wire)
         try:
             if p.region is not None:
                 if shm is None:

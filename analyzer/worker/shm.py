@@ -76,7 +76,12 @@ class SharedMemoryRegistry:
                 raise InferError(f"shared memory region '{name}': offset {offset} + "
                                  f"byte_size {byte_size} does not fit in '{key}' of {size} "
                                  "bytes")  # fmt: skip
-            mapping = mmap.mmap(fd, offset + byte_size)
+            try:
+                mapping = mmap.mmap(fd, offset + byte_size)
+            except (OSError, OverflowError, ValueError) as err:  # a client's size: a 400
+                reason = err.strerror if isinstance(err, OSError) else str(err)
+                raise InferError(f"shared memory region '{name}': '{key}' cannot be mapped with "
+                                 f"offset {offset} + byte_size {byte_size} ({reason})") from None
         finally:
             os.close(fd)
         with self._lock:
