@@ -57,6 +57,10 @@ class TritonPythonModel:
                 out.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("zero is rejected by the model")))
                 continue
+            if 100 <= x[0] <= 107:  # TritonError's codes 0-7
+                out.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"code {x[0] - 100}", int(x[0]) - 100)))
+                continue
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)]))
         return out
 """,
@@ -186,6 +190,32 @@ def test_model_errors_reach_the_client_and_the_worker_keeps_serving(worker):
     stats = client.get_inference_statistics("flaky")["model_stats"][0]["inference_stats"]
     assert stats["fail"]["count"] == 2 and stats["success"]["count"] == 1
     client.close()
+
+
+def test_a_model_errors_code_is_the_clients_status(worker):
+    """TritonError(message, code) reached every client as 500 / INTERNAL; Triton answers each
+    code with its own HTTP status (HttpCodeFromError) and gRPC code."""
+    import grpc
+
+    expected = {0: (400, grpc.StatusCode.UNKNOWN), 1: (500, grpc.StatusCode.INTERNAL),
+                2: (404, grpc.StatusCode.NOT_FOUND), 3: (400, grpc.StatusCode.INVALID_ARGUMENT),
+                4: (503, grpc.StatusCode.UNAVAILABLE), 5: (501, grpc.StatusCode.UNIMPLEMENTED),
+                6: (400, grpc.StatusCode.ALREADY_EXISTS), 7: (400, grpc.StatusCode.CANCELLED)}
+    http = httpclient.InferenceServerClient(worker.http)
+    rpc = grpcclient.InferenceServerClient(worker.grpc)
+    try:
+        for code, (status, rpc_code) in expected.items():
+            with pytest.raises(InferenceServerException, match=f"code {code}") as err:
+                _flaky(http, 100 + code)
+            assert err.value.status() == str(status), code
+            tensor = grpcclient.InferInput("X", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([100 + code], np.int32))
+            with pytest.raises(InferenceServerException, match=f"code {code}") as err:
+                rpc.infer("flaky", [tensor])
+            assert err.value.status() == str(rpc_code), code
+    finally:
+        http.close()
+        rpc.close()
 
 
 def test_only_the_outputs_asked_for_or_declared_are_sent(worker):

@@ -11,9 +11,12 @@ class Status(Enum):
     INVALID_ARG = (400, grpc.StatusCode.INVALID_ARGUMENT)
     NOT_FOUND = (404, grpc.StatusCode.NOT_FOUND)
     UNAVAILABLE = (503, grpc.StatusCode.UNAVAILABLE)
-    UNSUPPORTED = (400, grpc.StatusCode.UNIMPLEMENTED)
-    ALREADY_EXISTS = (409, grpc.StatusCode.ALREADY_EXISTS)
+    UNSUPPORTED = (501, grpc.StatusCode.UNIMPLEMENTED)  # Triton's HttpCodeFromError
+    ALREADY_EXISTS = (400, grpc.StatusCode.ALREADY_EXISTS)
     INTERNAL = (500, grpc.StatusCode.INTERNAL)
+    # what a python model may answer with (pb_utils.TritonError's codes), as Triton maps them
+    UNKNOWN = (400, grpc.StatusCode.UNKNOWN)
+    CANCELLED = (400, grpc.StatusCode.CANCELLED)
 
     @property
     def http(self) -> int:

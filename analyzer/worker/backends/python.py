@@ -271,9 +271,17 @@ class StubProcess:
                 self.lock.release()
 
 
-# TritonError's codes for the worker's statuses (INTERNAL otherwise)
-_TRITON_CODES = {Status.NOT_FOUND: 2, Status.INVALID_ARG: 3, Status.UNAVAILABLE: 4,
-                 Status.UNSUPPORTED: 5, Status.ALREADY_EXISTS: 6}  # fmt: skip
+# TritonError's codes for the worker's statuses (INTERNAL otherwise), and back: a model's
+# TritonError(message, code) reaches its client with that code's HTTP status and gRPC code
+_TRITON_CODES = {Status.UNKNOWN: 0, Status.INTERNAL: 1, Status.NOT_FOUND: 2,
+                 Status.INVALID_ARG: 3, Status.UNAVAILABLE: 4, Status.UNSUPPORTED: 5,
+                 Status.ALREADY_EXISTS: 6, Status.CANCELLED: 7}  # fmt: skip
+_STATUS_OF_CODE = {code: status for status, code in _TRITON_CODES.items()}
+
+
+def model_error(message: Any, code: Any = 1) -> InferError:
+    """A python model's error answer, with the status of its TritonError code."""
+    return InferError(str(message), _STATUS_OF_CODE.get(code, Status.INTERNAL))
 
 
 class Models(Protocol):
@@ -417,9 +425,10 @@ class PythonInstance(BackendInstance):
                     f"{self.name}: cannot map its outputs: {err}", Status.INTERNAL
                 ) from None
         results: list[Result] = []
-        for outputs, error in zip(reply["outputs"], reply["errors"], strict=True):
+        codes = reply.get("codes") or [1] * len(reply["errors"])
+        for outputs, error, code in zip(reply["outputs"], reply["errors"], codes, strict=True):
             if error is not None:
-                results.append(InferError(error, Status.INTERNAL))
+                results.append(model_error(error, code))
                 continue
             results.append({
                 name: read_tensor(self.outputs, wire, shape, offset, size).copy()
@@ -441,7 +450,7 @@ class PythonInstance(BackendInstance):
         outputs, error = None, None
         if message.get("error") is not None:
             discard_fd(message)
-            error = InferError(str(message["error"]), Status.INTERNAL)
+            error = model_error(message["error"], message.get("code", 1))
         elif not message.get("empty"):
             try:
                 outputs = unpack_tensors(message)

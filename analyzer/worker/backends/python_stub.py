@@ -543,6 +543,12 @@ class ResponseIterator:
             self.client.streams.pop(self.number, None)
 
 
+def _code(error: Any) -> int:
+    """A TritonError's code (INTERNAL for anything else a model put there)."""
+    code = error.code() if isinstance(error, pb_utils.TritonError) else 1
+    return code if isinstance(code, int) and 0 <= code <= 7 else 1
+
+
 def _closed() -> pb_utils.InferenceResponse:
     return _error_response("the worker closed the channel", pb_utils.TritonError.UNAVAILABLE)
 
@@ -655,13 +661,16 @@ class Stub:
         responses = self._responses(requests, result)
         outputs: list[list[tuple[str, np.ndarray]] | None] = []
         errors: list[str | None] = []
+        codes: list[int] = []  # each error's TritonError code: the client's status
         for request, response in zip(requests, responses, strict=False):
             if response is None or response.has_error():
                 err = response.error() if response is not None else None
                 errors.append(err.message() if err else "the model sent no response")
+                codes.append(_code(err))
                 outputs.append(None)
             else:
                 errors.append(None)
+                codes.append(1)
                 outputs.append(_requested(request, response))
         flat = [t for out in outputs if out for t in out]
         layout, fd = write_tensors(self.outputs, flat)
@@ -670,7 +679,8 @@ class Stub:
             n = len(out) if out else 0
             per_request.append(layout[i : i + n])
             i += n
-        return {"shm_size": self.outputs.size, "outputs": per_request, "errors": errors, "fd": fd}
+        return {"shm_size": self.outputs.size, "outputs": per_request, "errors": errors,
+                "codes": codes, "fd": fd}
 
     def _execute_decoupled(self, requests: list[pb_utils.InferenceRequest]) -> Message:
         """A decoupled model answers through its requests' senders, each response sent to the
@@ -698,14 +708,17 @@ class Stub:
         fields: Message = {}
         fd = None
         error = None
+        code = 1
         if response is not None:
             if response.has_error():
                 err = response.error()
                 error = err.message() if err is not None else "error"
+                code = _code(err)
             else:
                 fields, fd = pack_tensors(_requested(request, response))
         message = {"op": "response", "request": index, "final": final, "error": error,
-                   "empty": response is None, "fd": fd is not None, **fields}  # fmt: skip
+                   "code": code, "empty": response is None, "fd": fd is not None,
+                   **fields}  # fmt: skip
         with self.send_lock:
             if index not in self.open:
                 if fd is not None:
