@@ -110,6 +110,47 @@ class TritonPythonModel:
             "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 10)]) for r in requests]
 """,
     ),
+    "partial": (
+        # a config that gives part of the tensors and a smaller max_batch_size: Triton's
+        # add_input/add_output fill the rest in, and the model may raise max_batch_size
+        'name: "partial"\nbackend: "python"\nmax_batch_size: 2\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 } ]\noutput [ { name: "OUT" } ]\n',
+        """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.set_max_batch_size(8)
+        config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [4]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]})
+        for wrong, words in (
+                (lambda: config.set_max_batch_size(1), "configuration specified max_batch_size 8"),
+                (lambda: config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [4]}),
+                 "configuration expects datatype TYPE_FP32 for input 'IN'"),
+                (lambda: config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [5]}),
+                 "the model expects dims [5] but the model configuration specifies dims [4]"),
+                (lambda: config.add_input({"name": "X", "data_type": "TYPE_FP32"}),
+                 "is missing 'dims' property"),
+                (lambda: config.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [1],
+                                            "optional": True}), "contains property other"),
+                (lambda: config.set_model_transaction_policy({"decoupled": True}) or
+                         config.set_model_transaction_policy({"decoupled": False}),
+                 "trying to change decoupled property")):
+            try:
+                wrong()
+            except ValueError as err:
+                assert words in str(err), (words, str(err))
+            else:
+                raise AssertionError(f"no ValueError: {words}")
+        config.as_dict()["model_transaction_policy"]["decoupled"] = False
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + 1)]) for r in requests]
+""",
+    ),
     "lifecycle": (
         """
 name: "lifecycle"
@@ -243,6 +284,25 @@ def test_auto_complete_config_fills_the_config(worker):
     inp.set_data_from_numpy(np.ones((3, 2), np.float32))
     assert client.infer("auto", [inp]).as_numpy("OUT").tolist() == [[10, 10]] * 3
     client.close()
+
+
+def test_auto_complete_fills_in_a_config_that_gives_part_of_a_tensor(worker):
+    """add_input for an input the config names without dims left dims empty (every request
+    then failed its shape check), and a model raising max_batch_size over the config's was
+    refused; both are Triton's auto-complete."""
+    client = httpclient.InferenceServerClient(worker.http)
+    try:
+        config = client.get_model_config("partial")
+        assert config["max_batch_size"] == 8
+        assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
+            ("IN", "TYPE_FP32", [4])]
+        assert [(t["name"], t["data_type"], t["dims"]) for t in config["output"]] == [
+            ("OUT", "TYPE_FP32", [4])]
+        inp = httpclient.InferInput("IN", [2, 4], "FP32")
+        inp.set_data_from_numpy(np.zeros((2, 4), np.float32))
+        assert client.infer("partial", [inp]).as_numpy("OUT").tolist() == [[1.0] * 4] * 2
+    finally:
+        client.close()
 
 
 def test_initialize_gets_tritons_args_and_instances_are_processes(worker):

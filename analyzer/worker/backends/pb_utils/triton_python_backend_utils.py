@@ -76,13 +76,15 @@ def numpy_to_triton_type(data_type: DTypeLike) -> int | None:
         return None
 
 
-def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
-    """Triton's length-prefixed layout, returned as a 1-D uint8 array (like Triton's helper)."""
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | tuple[()]:
+    """Triton's length-prefixed layout, returned as a 1-D uint8 array (like Triton's helper);
+    () for an empty tensor. An element that is not bytes is written as its str() in UTF-8, as
+    Triton's: bytes(5) made five zero bytes of the number 5."""
     if input_tensor.size == 0:
-        return None
+        return ()
     parts = []
     for item in input_tensor.ravel(order="C"):
-        data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
         parts.append(struct.pack("<I", len(data)) + data)
     return np.frombuffer(b"".join(parts), dtype=np.uint8)
 
@@ -369,40 +371,84 @@ class ModelConfig:
     def as_dict(self) -> dict[str, Any]:
         return self._config
 
+    def _name(self) -> str:
+        return str(self._config.get("name", ""))
+
     def set_max_batch_size(self, max_batch_size: int) -> None:
-        current = self._config.get("max_batch_size", 0)
-        if current and current != max_batch_size:
-            raise ValueError(
-                f"auto_complete_config sets max_batch_size {max_batch_size} but the config "
-                f"has {current}"
-            )
+        """Triton's rule: the config may lower the model's max_batch_size, not raise it."""
+        current = self._config.get("max_batch_size", 0) or 0
+        if current > max_batch_size:
+            raise ValueError(f"configuration specified max_batch_size {current}, but in "
+                             f"auto-complete-config function for model '{self._name()}' "
+                             f"specified max_batch_size {max_batch_size}")  # fmt: skip
         self._config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self) -> None:
+        if self._config.get("sequence_batching"):
+            raise ValueError(f"configuration specified scheduling_choice as "
+                             f"'sequence_batching', but auto-complete-config function for model "
+                             f"'{self._name()}' tries to set scheduling_choice as "
+                             "'dynamic_batching'")  # fmt: skip
         self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
-        self._config.setdefault("model_transaction_policy", {}).update(transaction_policy_dict)
+        unknown = [k for k in transaction_policy_dict if k != "decoupled"]
+        if unknown:
+            raise ValueError(f"model transaction property in auto-complete-config function for "
+                             f"model '{self._name()}' contains property other than "
+                             "'decoupled'")  # fmt: skip
+        policy = self._config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = transaction_policy_dict["decoupled"]
+            if "decoupled" in policy and policy["decoupled"] != wanted:
+                raise ValueError(f"trying to change decoupled property in auto-complete-config "
+                                 f"for model '{self._name()}', which is already set to "
+                                 f"'{policy['decoupled']}'")  # fmt: skip
+            policy["decoupled"] = wanted
 
     def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's name
-        self._add("input", input)
+        self._add("input", input, ("name", "data_type", "dims", "optional"))
 
     def add_output(self, output: dict[str, Any]) -> None:
-        self._add("output", output)
+        self._add("output", output, ("name", "data_type", "dims"))
 
     def add_instance_group(self, group: dict[str, Any]) -> None:
         self._config.setdefault("instance_group", []).append(dict(group))
 
-    def _add(self, kind: str, item: dict[str, Any]) -> None:
-        if "name" not in item:
-            raise ValueError(f"auto_complete_config: {kind} {item} has no 'name'")
+    def _add(self, kind: str, item: dict[str, Any], allowed: tuple[str, ...]) -> None:
+        """Triton's add_input/add_output: every property named, none other; a tensor the config
+        already lists gets the model's data_type and dims (its own, when it gave them, must
+        agree)."""
+        model = self._name()
+        label = f"{kind} '{item.get('name', '')}' in auto-complete-config function for model " \
+                f"'{model}'"  # fmt: skip
+        extra = [k for k in item if k not in allowed]
+        if extra:
+            raise ValueError(f"{label} contains property other than "
+                             f"{', '.join(repr(a) for a in allowed)}")  # fmt: skip
+        for key in ("name", "data_type", "dims"):
+            if key not in item:
+                raise ValueError(f"{label} is missing '{key}' property")
         for existing in self._config.setdefault(kind, []):
-            if existing.get("name") == item["name"]:
-                for key in ("data_type", "dims"):
-                    if key in item and existing.get(key) and existing[key] != item[key]:
-                        raise ValueError(
-                            f"auto_complete_config: {kind} '{item['name']}' has {key} "
-                            f"{existing[key]} in config.pbtxt but {item[key]} in the model"
-                        )
-                return
+            if existing.get("name") != item["name"]:
+                continue
+            have = existing.get("data_type", "TYPE_INVALID")
+            if have not in ("", "TYPE_INVALID") and have != item["data_type"]:
+                raise ValueError(f"unable to load model '{model}', configuration expects "
+                                 f"datatype {have} for {kind} '{item['name']}', model provides "
+                                 f"{item['data_type']}")  # fmt: skip
+            if existing.get("dims") and list(existing["dims"]) != list(item["dims"]):
+                raise ValueError(f"model '{model}', tensor '{item['name']}': the model expects "
+                                 f"dims {list(item['dims'])} but the model configuration "
+                                 f"specifies dims {list(existing['dims'])}")  # fmt: skip
+            if "optional" in item and "optional" in existing \
+                    and bool(existing["optional"]) != bool(item["optional"]):  # fmt: skip
+                raise ValueError(f"model '{model}', tensor '{item['name']}': the model expects "
+                                 f"optional {item['optional']} but the model configuration "
+                                 f"specifies optional {existing['optional']}")  # fmt: skip
+            existing["data_type"] = item["data_type"]
+            existing["dims"] = list(item["dims"])
+            if "optional" in item:
+                existing["optional"] = item["optional"]
+            return
         self._config[kind].append(dict(item))
