@@ -347,3 +347,49 @@ def test_without_auto_complete_the_config_is_served_as_written(tmp_path, flag):
         served.stop()
     assert served_config.get("max_batch_size", 0) == 0 and not served_config.get("input")
     assert not any("has no effect" in line for line in served.output)
+
+
+LOGS = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        logger = pb_utils.Logger
+        logger.log_info("model-info")
+        logger.log_warn("model-warning")
+        logger.log_error("model-error")
+        logger.log_verbose("model-verbose")
+        logger.log("model-leveled", pb_utils.LogLevel.WARNING)
+        logger.log("model-nested", logger.LogLevel.ERROR)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.parametrize(("flags", "shown"), [
+    ((), {"model-info", "model-warning", "model-error", "model-leveled", "model-nested"}),
+    (("--log-info", "false", "--log-verbose", "1"),
+     {"model-warning", "model-error", "model-verbose", "model-leveled", "model-nested"}),
+])  # fmt: skip
+def test_a_models_log_lines_follow_the_workers_log_flags_and_file(tmp_path, flags, shown):
+    """pb_utils.Logger printed every level to stderr whatever --log-* said, and never into
+    --log-file; Triton's server settings decide which lines appear, and where."""
+    repo = tmp_path / "repo"
+    (repo / "logs" / "1").mkdir(parents=True)
+    (repo / "logs" / "config.pbtxt").write_text(
+        'name: "logs"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (repo / "logs" / "1" / "model.py").write_text(LOGS)
+    log_file = tmp_path / "server.log"
+    served = start_worker(repo, "--log-file", str(log_file), *flags)
+    try:
+        text = log_file.read_text()
+    finally:
+        served.stop()
+    found = {word for word in ("model-info", "model-warning", "model-error", "model-verbose",
+                               "model-leveled", "model-nested") if word in text}  # fmt: skip
+    assert found == shown, text
+    assert "WARNING python model: model-warning" in text
+    assert "model-warning" not in "".join(served.output)  # the file, not stderr

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import logging
 import math
+import os
 import sys
 import time
 from enum import StrEnum
@@ -19,6 +21,8 @@ from analyzer.commands import triton_flags
 from analyzer.config.values import parse_bool
 from analyzer.tls import ServerTls, TlsError
 from analyzer.worker.limits import Limits, parse_size, size_text
+
+MODEL_LOG_ENV = "MODEL_ANALYZER_MODEL_LOG"  # read by pb_utils.Logger in python model processes
 
 
 def _switch(flag: str, value: str) -> bool:
@@ -232,6 +236,12 @@ def _logging(verbose: int, info: str, warning: str, error: str, form: str,
                                      ) from None  # fmt: skip
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt=datefmt, **target)  # fmt: skip
+    # python models' pb_utils.Logger follows the same flags, as Triton's does (their info lines
+    # show unless --log-info false; verbose ones only with --log-verbose), into the same file
+    os.environ[MODEL_LOG_ENV] = json.dumps({
+        "info": logging.INFO in on, "warning": logging.WARNING in on,
+        "error": logging.ERROR in on, "verbose": verbose, "iso8601": datefmt is not None,
+        "file": str(file) if file is not None else None})  # fmt: skip
 
 
 def _grpc_tls(use: str, mutual: str, cert: str, key: str, root: str) -> ServerTls | None:

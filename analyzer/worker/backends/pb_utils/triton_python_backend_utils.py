@@ -8,8 +8,11 @@ arrays of bytes, as in Triton.
 from __future__ import annotations
 
 import json
+import os
 import struct
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -343,23 +346,65 @@ def using_decoupled_model_transaction_policy(model_config: Config) -> bool:
     return bool(policy.get("decoupled", False))
 
 
-class Logger:
+class LogLevel:
     INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
+
+
+_LOG_NAMES = {0: ("info", "INFO"), 1: ("warning", "WARNING"), 2: ("error", "ERROR"),
+              3: ("verbose", "VERBOSE")}  # fmt: skip
+_log_settings: dict[str, Any] | None = None
+_log_lock = threading.Lock()
+
+
+def _log_line(message: str, level: int) -> None:
+    """One line in the worker's log, if the worker's --log-* flags show that level (the worker
+    hands them over in MODEL_ANALYZER_MODEL_LOG): its file, else stderr, in its format."""
+    global _log_settings
+    if _log_settings is None:
+        try:
+            _log_settings = json.loads(os.environ.get("MODEL_ANALYZER_MODEL_LOG", "") or "{}")
+        except ValueError:
+            _log_settings = {}
+    settings = _log_settings
+    key, name = _LOG_NAMES.get(level, _LOG_NAMES[0])
+    shown = (settings.get("verbose", 0) > 0) if key == "verbose" else settings.get(key, True)
+    if not shown:
+        return
+    now = time.time()
+    if settings.get("iso8601"):
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    else:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + \
+            f",{int(now % 1 * 1000):03d}"  # fmt: skip
+    line = f"{stamp} {name} python model: {message}\n"
+    with _log_lock:
+        path = settings.get("file")
+        if path:
+            try:
+                with open(path, "a") as out:
+                    out.write(line)
+                return
+            except OSError:
+                pass  # the worker's stderr, rather than nothing
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+class Logger:
+    """Triton's pb_utils.Logger: lines in the server's log, shown as its --log-* flags say."""
+
+    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
+    LogLevel = LogLevel
 
     @staticmethod
     def log(message: str, level: int = 0) -> None:
-        label = {0: "I", 1: "W", 2: "E", 3: "V"}.get(level, "I")
-        print(f"{label} [python model] {message}", file=sys.stderr, flush=True)
+        _log_line(str(message), level)
 
     # log_info(message) and the like: `log` at one level
     log_info = staticmethod(partial(log, level=INFO))
     log_warn = staticmethod(partial(log, level=WARNING))
     log_error = staticmethod(partial(log, level=ERROR))
     log_verbose = staticmethod(partial(log, level=VERBOSE))
-
-
-class LogLevel:
-    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
 
 
 class ModelConfig:
