@@ -133,3 +133,22 @@ def test_a_warmup_the_worker_will_not_allocate_is_refused(tmp_path: Path):
         start_worker(repo, timeout=60)
     assert "more than this worker allocates for a warm-up input" in " ".join(
         str(failed.value).split())
+
+
+def test_a_warmup_bounded_input_by_input_is_bounded_as_a_whole_too():
+    """Each input under the per-input bound, but their sum times batch_size over a load's: two
+    128 MiB inputs at batch_size 4 held 2 GB of /dev/shm and 2.5 GB of the worker. Refused
+    before any input is made."""
+    from analyzer.config.model_config import parse_model_config
+    from analyzer.worker import warmup
+
+    config = parse_model_config(
+        'name: "m"\nmax_batch_size: 8\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] },'
+        ' { name: "B" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'model_warmup [ { name: "big" batch_size: 4 inputs [\n'
+        '  { key: "A" value { data_type: TYPE_FP32 dims: [ 33554432 ] zero_data: true } },\n'
+        '  { key: "B" value { data_type: TYPE_FP32 dims: [ 33554432 ] zero_data: true } } ] } ]\n')
+    with pytest.raises(ValueError, match="the warm-up samples' inputs times their batch_size "
+                       "make more than 536870912 bytes"):  # fmt: skip
+        warmup.warmup_samples(config, Path("."))

@@ -29,6 +29,10 @@ WARMUP_FOLDER = "warmup"
 MAX_SAMPLE_BYTES = 1 << 30  # one input of one request
 MAX_REQUESTS = 1024  # a sample's batch_size
 MAX_COUNT = 1000  # a sample's runs
+# a load's warm-up altogether: every sample's inputs times its batch_size, the bytes its batches
+# make (a python model's shared memory among them); 2 x 128 MiB inputs x batch 4 took 2 GB of
+# /dev/shm and 2.5 GB of the worker under the per-input bound alone
+MAX_LOAD_BYTES = 512 << 20
 _STRING = model_config_pb2.DataType.TYPE_STRING
 
 
@@ -52,6 +56,7 @@ def warmup_samples(config: ModelConfig, model_path: Path) -> list[WarmupSample]:
     """The config's warm-up samples with their data; ValueError naming the sample and input."""
     samples = []
     batched = config.max_batch_size > 0
+    total = 0
     for index, setting in enumerate(config.model_warmup):
         name = setting.name or f"#{index}"
         if setting.batch_size == 0:
@@ -73,6 +78,12 @@ def warmup_samples(config: ModelConfig, model_path: Path) -> list[WarmupSample]:
             if size > MAX_SAMPLE_BYTES:
                 raise ValueError(f"{where}: dims {dims} make {size} bytes, more than this worker "
                                  f"allocates for a warm-up input ({MAX_SAMPLE_BYTES})")  # fmt: skip
+            total += size * setting.batch_size
+            if total > MAX_LOAD_BYTES:  # before this input is made
+                raise ValueError(f"model '{config.name}': the warm-up samples' inputs times their "
+                                 f"batch_size make more than {MAX_LOAD_BYTES} bytes (at sample "
+                                 f"'{name}', input '{key}'), more than this worker allocates for "
+                                 "a model's warm-up")  # fmt: skip
             array = _data(meta, wire, dims, model_path, where)
             inputs[key] = array.reshape([1, *dims]) if batched else array
             wires[key] = wire
