@@ -347,22 +347,17 @@ class BlsClient:
             return True
 
     def _read(self, timeout: float | None) -> list[Message] | None:
-        """The messages waiting (one, after waiting up to `timeout` for it); [] on timeout,
+        """The next message, after waiting up to `timeout` for it (None: as long as it takes,
+        with no poll first: the serve loop's read of each execute is one recv); [] on timeout,
         None when the channel closed."""
-        out: list[Message] = []
         try:
-            if not self.conn.poll(timeout):
-                return out
-            while True:
-                message = self.conn.recv()
-                if message.get("fd"):
-                    message["fd"] = recv_fd(self.sock)
-                out.append(message)
-                if not self.conn.poll(0):
-                    return out
+            if timeout is not None and not self.conn.poll(timeout):
+                return []
+            message = self.conn.recv()
+            if message.get("fd"):
+                message["fd"] = recv_fd(self.sock)
+            return [message]
         except (EOFError, OSError):
-            for message in out:  # the worker is gone: nobody will take these
-                discard_fd(message)
             return None
 
     def _file(self, messages: list[Message] | None) -> None:
@@ -403,7 +398,30 @@ class BlsClient:
             self.replies[number] = message
 
     def next_op(self) -> Message:
-        """The worker's next request (execute, finalize, ...), for the serve loop."""
+        """The worker's next request (execute, finalize, ...), for the serve loop: read at once
+        when no other thread reads (the common case: one lock round trip and one recv)."""
+        with self.cond:
+            if self.ops:
+                return self.ops.popleft()
+            fast = not self.reading and not self.closed
+            if fast:
+                self.reading = True
+        if fast:
+            messages: list[Message] | None = None
+            direct = False
+            try:
+                messages = self._read(None)
+            finally:
+                with self.cond:
+                    self.reading = False
+                    direct = bool(messages) and not self.ops and \
+                        messages[0].get("op") != "bls_reply"  # type: ignore[index]  # fmt: skip
+                    if direct:
+                        self.cond.notify_all()  # a waiting caller may read the channel now
+                    else:
+                        self._file(messages)
+            if direct and messages:
+                return messages[0]
         self.wait_until(lambda: bool(self.ops), None)
         with self.cond:
             return self.ops.popleft()
@@ -420,8 +438,11 @@ class BlsClient:
             if self.reading or self.closed:
                 return
             self.reading = True
+        messages: list[Message] | None = []
         try:
-            messages = self._read(0)
+            while messages is not None and self.conn.poll(0):
+                more = self._read(0)
+                messages = None if more is None else messages + more
         finally:
             with self.cond:
                 self.reading = False
