@@ -702,9 +702,50 @@ class TritonPythonModel:
 '''
 
 
+CANCELLABLE = '''
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled: one response every 50 ms, up to 200, checking is_cancelled() before each;
+    writes how it ended to the file the request's IN[0] numbers (MARKS/<n>)."""
+
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+
+            def run(n=n, sender=sender, request=request):
+                for step in range(200):
+                    if request.is_cancelled() or sender.is_cancelled():
+                        Path(MARKS, str(n)).write_text(f"cancelled at {step}")
+                        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                        return
+                    sender.send(pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("OUT", np.array([step], dtype=np.int32))]))
+                    time.sleep(0.05)
+                Path(MARKS, str(n)).write_text("ran to the end")
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            threading.Thread(target=run).start()
+        return None
+'''
+
+
 @pytest.fixture(scope="module")
 def decoupled_worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("decoupled")
+    marks = tmp_path_factory.mktemp("marks")
+    _python_model(repo, "cancellable", CANCELLABLE.replace("MARKS", repr(str(marks))),
+                  'name: "cancellable" backend: "python" '
+                  'model_transaction_policy { decoupled: true }\n'
+                  'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
     io = ('input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
           'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
     _python_model(repo, "double", DOUBLE, 'name: "double" backend: "python"\n' + io)
@@ -721,6 +762,7 @@ def decoupled_worker(tmp_path_factory):
                   'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
                   'output [ { name: "SUMMARY" data_type: TYPE_INT64 dims: [ 6 ] } ]\n')
     served = start_worker(repo)
+    served.marks = marks
     yield served
     assert served.stop() == 0, "".join(served.output)
 
@@ -787,6 +829,32 @@ def test_bls_calls_from_several_threads_and_after_execute_returned(decoupled_wor
         tensor = grpcclient.InferInput("IN", [2], "INT32")
         tensor.set_data_from_numpy(np.array([5, 6], dtype=np.int32))
         assert client.infer("double", [tensor]).as_numpy("OUT").tolist() == [10, 12]
+
+
+def test_a_model_sees_its_client_cancel(decoupled_worker):
+    """request.is_cancelled() was always False: a model streaming to a client that had gone
+    went on to the end. A stream closed with its requests cancelled is seen at the model's next
+    check; one left open runs to the end."""
+    import queue
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(decoupled_worker.grpc)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+    client.async_stream_infer("cancellable", [tensor])
+    for _ in range(3):
+        result, error = got.get(timeout=30)
+        assert error is None, error
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    mark = decoupled_worker.marks / "1"
+    deadline = time.monotonic() + 30
+    while not mark.exists():
+        assert time.monotonic() < deadline, "the model never ended its request"
+        time.sleep(0.05)
+    text = mark.read_text()
+    assert text.startswith("cancelled at ") and int(text.split()[-1]) < 100, text
 
 
 def test_a_decoupled_model_is_refused_over_http_and_unary_grpc(decoupled_worker):

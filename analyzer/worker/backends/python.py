@@ -127,6 +127,8 @@ class StubProcess:
         self.on_bls: Callable[[Message], None] | None = None
         # what takes a decoupled model's responses, during a call and after its reply
         self.on_response: Callable[[Message], None] | None = None
+        # whether request i of the current call was cancelled by its client
+        self.is_cancelled: Callable[[int], bool] | None = None
         with _live_lock:
             _live.add(self)
 
@@ -179,6 +181,8 @@ class StubProcess:
         op = message.get("op")
         if op == "bls":
             self._bls(message)
+        elif op == "is_cancelled":
+            self._answer_cancelled(message)
         elif op == "response" and self.on_response is not None:
             self.on_response(message)
         elif op == "response":
@@ -201,6 +205,19 @@ class StubProcess:
             if not self._dispatch(message):
                 raise InferError(f"{self.label} sent '{message.get('op')}' between calls",
                                  Status.INTERNAL)  # fmt: skip
+
+    def _answer_cancelled(self, message: Message) -> None:
+        """request.is_cancelled() in the model: whether that request of the call was cancelled
+        by its client (`is_cancelled`, set by the instance for its call's batch)."""
+        index = message.get("request")
+        cancelled = self.is_cancelled(index) if self.is_cancelled is not None and isinstance(
+            index, int) else False  # fmt: skip
+        try:
+            with self.send_lock:
+                self.conn.send({"op": "bls_reply", "id": message.get("id"),
+                                "cancelled": bool(cancelled), "fd": False})  # fmt: skip
+        except OSError:
+            pass
 
     def _bls(self, message: Message) -> None:
         if self.on_bls is None:
@@ -345,6 +362,7 @@ class PythonInstance(BackendInstance):
                  models: Models | None = None):  # fmt: skip
         self.name = f"python model '{source.name}' instance {spec.name}"
         self.stub = StubProcess(self.name)
+        self.stub.is_cancelled = self._cancelled
         self.models = models
         if models is not None:
             self.stub.on_bls = self._bls
@@ -439,6 +457,10 @@ class PythonInstance(BackendInstance):
         timing.compute_infer_ns = t2 - t1
         timing.compute_output_ns = t3 - t2
         return results
+
+    def _cancelled(self, index: int) -> bool:
+        batch = self._batch
+        return 0 <= index < len(batch) and batch[index].cancelled
 
     def _response(self, message: Message) -> None:
         """One response of a decoupled model, handed to its request's stream at once."""

@@ -58,6 +58,7 @@ Message = dict[str, Any]
 Placed = tuple[str, str, tuple[int, ...], int, int]
 SHM_DIR_ENV = "MODEL_ANALYZER_SHM_DIR"
 _MIN_ARENA = 1 << 20
+CANCEL_ASK_S = 5.0  # is_cancelled() asked when the worker reads nothing: False after this
 
 
 class ShmSpaceError(Exception):
@@ -378,6 +379,9 @@ class BlsClient:
 
     def _take(self, message: Message) -> None:
         number = message["id"]
+        if "cancelled" in message:  # the answer to ask_cancelled()
+            self.replies[number] = message
+            return
         try:
             message["arrays"] = unpack_tensors(message)
         except (OSError, ValueError) as err:
@@ -454,6 +458,23 @@ class BlsClient:
             self.loop = None
 
     # ---- calls --------------------------------------------------------------------------------
+    def ask_cancelled(self, index: int) -> bool:
+        """Whether request `index` of the current call was cancelled by its client: the worker
+        answers while it runs the call (or reads a decoupled model's responses after it); asked
+        at any other time, False after a short wait."""
+        number = next(self.ids)
+        with self.send_lock:
+            self.conn.send({"op": "is_cancelled", "id": number, "request": index, "fd": False})
+        try:
+            arrived = self.wait_until(lambda: number in self.replies, CANCEL_ASK_S)
+        except EOFError:
+            return True  # the worker is gone: so is the client's request
+        with self.cond:
+            if not arrived:
+                self.abandoned.add(number)
+                return False
+            return bool(self.replies.pop(number).get("cancelled"))
+
     def send(self, request: pb_utils.InferenceRequest, decoupled: bool = False) -> int:
         number = next(self.ids)
         fields, fd = pack_tensors([(t.name(), t.as_numpy()) for t in request.inputs()])
@@ -671,6 +692,8 @@ class Stub:
         if message["outputs_size"] != self.outputs.size:  # the worker lost our last file
             self.outputs.close()
         requests = [self._request(r) for r in message["requests"]]
+        for index, request in enumerate(requests):
+            request._ask_cancelled = lambda i=index: self.bls.ask_cancelled(i)
         if self.decoupled:
             return self._execute_decoupled(requests)
         result = self.model.execute(requests)

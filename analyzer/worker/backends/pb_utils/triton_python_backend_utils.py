@@ -189,11 +189,12 @@ class InferenceResponseSender:
     once, from any thread, during execute() or after it (`emit`, set by the stub); a model that
     is not decoupled sends one, which the stub returns when execute() does."""
 
-    def __init__(self, emit: Callable[[InferenceResponse | None, bool], None] | None = None
-                 ) -> None:  # fmt: skip
+    def __init__(self, emit: Callable[[InferenceResponse | None, bool], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> None:  # fmt: skip
         self.responses: list[InferenceResponse] = []
         self.closed = False
         self._emit = emit  # (response or None, final) -> None
+        self._cancelled = cancelled  # asks the worker whether the client cancelled
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self.closed:
@@ -212,7 +213,9 @@ class InferenceResponseSender:
             self.responses.append(response)
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the client cancelled the request (went away, cancelled its call or closed
+        its stream): a model may stop working on it then, as under Triton."""
+        return self._cancelled() if self._cancelled is not None else False
 
 
 class InferenceRequest:
@@ -245,6 +248,8 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         # set by the stub for a decoupled model's requests
         self._emit: Callable[[InferenceResponse | None, bool], None] | None = None
+        # set by the stub for the requests execute() gets: asks the worker about cancellation
+        self._ask_cancelled: Callable[[], bool] | None = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -269,11 +274,12 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            self._sender = InferenceResponseSender(self._emit)
+            self._sender = InferenceResponseSender(self._emit, self._ask_cancelled)
         return self._sender
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the client cancelled this request (see InferenceResponseSender)."""
+        return self._ask_cancelled() if self._ask_cancelled is not None else False
 
     def exec(self, decoupled: bool = False) -> Any:
         """BLS: run this request on model `model_name` through the worker's own scheduling;
