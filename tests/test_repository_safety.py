@@ -331,6 +331,38 @@ def test_instance_count_cap_refuses_before_creating_instances(guarded):
         client.close()
 
 
+def test_instances_of_all_loaded_models_are_capped_together(tmp_path):
+    """--max-instance-count capped each model version alone: three loads of 64 python instances
+    were 192 processes (7 GB). --max-total-instances caps them all; a reload of a model counts
+    its new instances only, and an unload makes room."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("a", "b"):
+        shutil.copytree(EXAMPLES / "add_sub", repo / name)
+        text = (repo / name / "config.pbtxt").read_text().replace('"add_sub"', f'"{name}"')
+        (repo / name / "config.pbtxt").write_text(text)
+    served = start_worker(repo, "--model-control-mode", "explicit", "--max-total-instances", "3")
+    client = grpcclient.InferenceServerClient(served.grpc)
+    two = [{"count": 2, "kind": "KIND_CPU"}]
+    try:
+        client.load_model("a", config=_config("a", instance_group=two))
+        client.load_model("a", config=_config("a", instance_group=two))  # a reload: still 2
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("b", config=_config("b", instance_group=two))
+        assert "model 'b' needs 2 instance(s), and the loaded models have 2 of the 3 this " \
+               "worker runs at most (--max-total-instances)" in str(info.value)  # fmt: skip
+        assert not client.is_model_ready("b")
+        client.load_model("b", config=_config("b", instance_group=[{"count": 1,
+                                                                    "kind": "KIND_CPU"}]))
+        client.unload_model("a")
+        client.load_model("b", config=_config("b", instance_group=[{"count": 3,
+                                                                    "kind": "KIND_CPU"}]))
+        assert client.is_model_ready("b")
+    finally:
+        client.close()
+        served.stop()
+
+
 # -- faults in models -----------------------------------------------------------------------------
 def test_hung_load_does_not_block_another_load(guarded):
     served, _, _, _, flags = guarded

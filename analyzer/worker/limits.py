@@ -62,6 +62,11 @@ class Limits:
     # instance_group counts x GPUs
     max_instance_count: int = cap(64, "--max-instance-count", "count",
                                   "Model instances one model version may have at most.")
+    # every loaded model's together: a load request may carry a config override, and 3 x 64
+    # python instances were 192 processes and 7 GB on a worker that capped each version alone
+    max_total_instances: int = cap(256, "--max-total-instances", "count",
+                                   "Model instances of all loaded models together at most (a "
+                                   "load past it is refused).")
 
 
 def size_text(size: int) -> str:

@@ -32,8 +32,9 @@ from analyzer.repository.repository import (
 from analyzer.worker.backends.base import Backend
 from analyzer.worker.ensemble import EnsembleVersion, composing_models
 from analyzer.worker.errors import InferError, Status
+from analyzer.worker.limits import Limits
 from analyzer.worker.load_deadline import load_deadline
-from analyzer.worker.model import ModelVersion
+from analyzer.worker.model import ModelVersion, instance_specs
 from analyzer.worker.names import check_model_name
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class ModelManager:
         max_instance_count: int = 64,
         auto_complete: bool = True,
         load_timeout_s: float = 0.0,
+        max_total_instances: int = Limits.max_total_instances,
     ):
         if control_mode not in CONTROL_MODES:
             raise ValueError(
@@ -96,6 +98,8 @@ class ModelManager:
         self.allow_file_uploads = allow_file_uploads
         self.max_instance_count = max_instance_count
         self.load_timeout_s = load_timeout_s  # --model-load-timeout-secs (0: as long as it takes)
+        self.max_total_instances = max_total_instances  # every loaded model's together
+        self._reserved = 0  # instances of loads being built now
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
         self._backends_lock = threading.Lock()
@@ -376,6 +380,9 @@ class ModelManager:
         if self.auto_complete:
             backend.auto_complete(source, source.versions[-1])
         _refuse_what_triton_refuses(source)
+        needed = len(source.versions) * len(instance_specs(
+            source.config, backend.gpu_capable(), self.max_instance_count))  # fmt: skip
+        self._reserve(name, needed)
         built: dict[int, Served] = {}
         try:
             for version in source.versions:
@@ -387,7 +394,23 @@ class ModelManager:
             for loaded in built.values():
                 loaded.unload()
             raise
+        finally:
+            with self._lock:
+                self._reserved -= needed
         return built
+
+    def _reserve(self, name: str, needed: int) -> None:
+        """Room for `needed` more instances under --max-total-instances, held until the load
+        ends (the versions of `name` being replaced do not count: they go once it serves)."""
+        with self._lock:
+            loaded = sum(len(getattr(version, "runners", ())) for entry in self._models.values()
+                         if entry.name != name for version in entry.versions.values())
+            if loaded + self._reserved + needed > self.max_total_instances:
+                raise ValueError(
+                    f"model '{name}' needs {needed} instance(s), and the loaded models have "
+                    f"{loaded + self._reserved} of the {self.max_total_instances} this worker "
+                    "runs at most (--max-total-instances); unload a model first")  # fmt: skip
+            self._reserved += needed
 
     def _build_ensemble(self, source: ModelSource) -> dict[int, Served]:
         """An ensemble loads after its composing models, as Triton's does: those not loaded yet

@@ -86,6 +86,7 @@ class Worker:
             options.model_control_mode,
             allow_file_uploads=options.allow_model_file_uploads,
             max_instance_count=options.limits.max_instance_count,
+            max_total_instances=options.limits.max_total_instances,
             auto_complete=options.auto_complete,
             load_timeout_s=options.load_timeout_s,
         )
