@@ -97,22 +97,17 @@ class _BadInput(Exception):
 def _settings(config_file: Path | None, flags: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The report's settings: defaults < the YAML file < flags; notes for the keys accepted
     without an effect here."""
-    import yaml
 
-    from analyzer.config.yaml_file import load_user_yaml, yaml_problem
-    from analyzer.fsutil import UserFileError, read_user_text
+    from analyzer.config.yaml_file import YamlFileError, read_user_yaml
 
     raw: dict[str, Any] = {}
     where = "the command line"
     if config_file is not None:
         where = str(config_file)
         try:
-            raw = load_user_yaml(read_user_text(config_file)) or {}
-        except UserFileError as err:
-            raise _BadInput(f"config file {err}") from None
-        except yaml.YAMLError as err:
-            raise _BadInput(f"config file '{config_file}' is not valid YAML{yaml_problem(err)}"
-                            ) from None  # fmt: skip
+            raw = read_user_yaml(config_file, "config file")
+        except YamlFileError as err:
+            raise _BadInput(str(err)) from None
         if not isinstance(raw, dict):
             raise _BadInput(f"config file '{config_file}' must hold a mapping of report keys")
         unknown = [k for k in raw if k not in REPORT_KEYS]

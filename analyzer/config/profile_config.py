@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from analyzer.config.flags import parse_flags
 from analyzer.config.ignored import IGNORED
 from analyzer.config.ignored import note as ignored_note
@@ -33,9 +31,8 @@ from analyzer.config.model_specs import (
 )
 from analyzer.config.settings import Settings
 from analyzer.config.values import BY_NAME, FIELDS, ProfileConfigError, convert
-from analyzer.config.yaml_file import load_user_yaml, yaml_problem
+from analyzer.config.yaml_file import YamlFileError, read_user_yaml
 from analyzer.cpulist import CpuListError, parse_cpu_list
-from analyzer.fsutil import UserFileError, read_user_text
 from analyzer.metrics import OUTPUT_FIELDS
 
 __all__ = ["ModelSpec", "ProfileConfig", "ProfileConfigError", "load_profile_config",
@@ -148,12 +145,9 @@ def _unknown_output_fields(values: dict[str, Any], sources: dict[str, str]) -> l
 def _read_yaml(path: Path, notes: list[str]) -> dict[str, Any]:
     """The settings of a YAML file; MA keys that mean nothing here become notes."""
     try:
-        loaded = load_user_yaml(read_user_text(path)) or {}
-    except UserFileError as err:
-        raise ProfileConfigError(f"config file {err}") from None
-    except yaml.YAMLError as err:
-        raise ProfileConfigError(f"config file '{path}' is not valid YAML{yaml_problem(err)}"
-                                 ) from None  # fmt: skip
+        loaded = read_user_yaml(path, "config file")
+    except YamlFileError as err:
+        raise ProfileConfigError(str(err)) from None
     if not isinstance(loaded, dict):
         raise ProfileConfigError(f"config file '{path}' must be a mapping of settings")
     raw: dict[str, Any] = {}

@@ -7,11 +7,19 @@ its first value. Here a repeated key is an error at its line, naming the line of
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode
+
+from analyzer.fsutil import UserFileError, read_user_text
+
+
+class YamlFileError(Exception):
+    """A user's YAML file that cannot be read or is not YAML; the message is one sentence that
+    names the file (callers raise it again as their own error type)."""
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -47,3 +55,15 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     problem = getattr(err, "problem", None)
     where = f" at line {mark.line + 1}" if mark else ""
     return f"{where}: {problem}" if problem else where
+
+
+def read_user_yaml(path: str | Path, what: str) -> Any:
+    """The document in the user's file `path` ({} when empty); YamlFileError, its sentence
+    starting with `what` ("config file", "search space"), when the file cannot be read as text
+    or is not YAML."""
+    try:
+        return load_user_yaml(read_user_text(path)) or {}
+    except UserFileError as err:
+        raise YamlFileError(f"{what} {err}") from None
+    except yaml.YAMLError as err:
+        raise YamlFileError(f"{what} '{path}' is not valid YAML{yaml_problem(err)}") from None

@@ -11,11 +11,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from analyzer.config.yaml_file import load_user_yaml, yaml_problem
+from analyzer.config.yaml_file import YamlFileError, read_user_yaml
 from analyzer.errors import AnalyzerError
-from analyzer.fsutil import UserFileError, read_user_text
 
 if TYPE_CHECKING:
     from analyzer.search.base import SearchLimits
@@ -108,12 +105,9 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
     path = Path(path) if path else DEFAULT_SPACE
     source = str(path)
     try:
-        data = load_user_yaml(read_user_text(path)) or {}
-    except UserFileError as err:
-        raise SearchSpaceError(f"search space {err}") from None
-    except yaml.YAMLError as err:
-        raise SearchSpaceError(f"search space '{path}' is not valid YAML{yaml_problem(err)}"
-                               ) from None  # fmt: skip
+        data = read_user_yaml(path, "search space")
+    except YamlFileError as err:
+        raise SearchSpaceError(str(err)) from None
     if not isinstance(data, dict):
         raise SearchSpaceError(f"search space '{path}' must be a mapping of settings (keys: "
                                f"{sorted(_KEYS)})")  # fmt: skip
