@@ -13,7 +13,7 @@ import time
 from typing import Protocol
 
 from analyzer.worker import sched
-from analyzer.worker.backends.base import BackendInstance, InstanceSpec
+from analyzer.worker.backends.base import BackendInstance, Deferred, InstanceSpec
 from analyzer.worker.batcher import Deliver
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest
@@ -53,6 +53,7 @@ class InstanceRunner:
         self.scheduler = scheduler
         self.stats = stats
         self.deliver = deliver
+        instance.complete = deliver  # a decoupled model's requests still open after execute()
         self.thread = threading.Thread(target=self._run, name=spec.name, daemon=True)
         # (start_ns, end_ns, batch_size) of recent executions, for tests and debugging.
         self.trace: list[tuple[int, int, int]] = []
@@ -149,6 +150,7 @@ class InstanceRunner:
         with self._batch_lock:
             self._abandoned = error
             batch, self._batch = self._batch, None
+        self.instance.forget(batch or [])  # its late responses must not answer them again
         self._fail(batch or [], error)
 
     def _fail(self, batch: list[InferRequest], error: InferError) -> None:
@@ -189,6 +191,8 @@ class InstanceRunner:
                           self.stats.name, self.spec.name)  # fmt: skip
         for request, result in zip(batch, results, strict=True):
             request.timing = timing
+            if isinstance(result, Deferred):  # the instance answers it when it completes
+                continue
             if isinstance(result, Exception):
                 self.deliver(request, None, result)
             else:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from analyzer.monitor.nvml import Nvml
+from analyzer.worker.custom_metrics import REGISTRY, escape_label
 from analyzer.worker.http_message import HttpRequest, HttpResponse, Respond, error_response
 from analyzer.worker.http_server import start_http_server
 from analyzer.worker.limits import Limits
@@ -83,11 +84,6 @@ def _model_values(model: ModelVersion | EnsembleVersion) -> list[int]:
     ]
 
 
-def escape_label(value: str) -> str:
-    """A label value in the Prometheus text format: backslash, double quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 class HostMetrics:
     """The CPU and GPU families, as Triton's --allow-cpu-metrics / --allow-gpu-metrics and
     --metrics-interval-ms ask: each family on or off, and read at most once an interval (the
@@ -119,6 +115,7 @@ def render_metrics(models: Sequence[ModelVersion | EnsembleVersion],
     for i, name in enumerate(_MODEL_FAMILIES):
         lines += _family(name, [labels + str(values[i]) for labels, values in rows])
     lines.extend((host or _ALL).lines())
+    lines.extend(REGISTRY.lines())  # the python models' own families
     return "\n".join(lines) + "\n"
 
 

@@ -13,15 +13,28 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from analyzer.repository.repository import ModelSource
-from analyzer.worker.request import BatchTiming, InferRequest
+from analyzer.worker.request import BatchTiming, InferRequest, Outputs
 
-# One result per request: its output tensors, or the exception that failed it alone.
-Result = dict[str, np.ndarray] | Exception
+
+class Deferred:
+    """The result of a request that is still open when execute() returns: a decoupled model
+    answers it later, through `BackendInstance.complete`, while the instance runs other batches
+    (Triton frees a decoupled model's instance once execute() returns)."""
+
+    __slots__ = ()
+
+
+DEFERRED = Deferred()
+# One result per request: its output tensors, the exception that failed it alone, or DEFERRED.
+Result = dict[str, np.ndarray] | Exception | Deferred
+# how an instance answers a deferred request: (request, outputs, None) or (request, None, error)
+Complete = Callable[[InferRequest, Outputs | None, Exception | None], None]
 
 
 @dataclass(frozen=True)
@@ -38,12 +51,19 @@ class InstanceSpec:
 
 
 class BackendInstance(ABC):
+    # set by the runner: answers the requests an execute() returned as DEFERRED, once each
+    complete: Complete | None = None
+
     def thread_init(self) -> None:  # noqa: B027 - optional hook
         """Called once on the runner thread before the first batch (thread-local settings)."""
 
     @abstractmethod
     def execute(self, requests: list[InferRequest], timing: BatchTiming) -> list[Result]:
         """Run one batch; fill `timing`'s compute_input/infer/output durations."""
+
+    def forget(self, requests: list[InferRequest]) -> None:  # noqa: B027 - optional hook
+        """These requests were answered by the runner (an unload gave up on their batch): an
+        instance that defers answers must not answer them again."""
 
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds (sessions, processes, device memory)."""

@@ -8,18 +8,21 @@ tensors are never pickled. Python models receive the requests of a batch as a li
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from analyzer.config.model_config import (
     ConfigError,
@@ -28,7 +31,13 @@ from analyzer.config.model_config import (
 )
 from analyzer.repository.repository import ModelSource
 from analyzer.worker import load_deadline, sched
-from analyzer.worker.backends.base import Backend, BackendInstance, InstanceSpec, Result
+from analyzer.worker.backends.base import (
+    DEFERRED,
+    Backend,
+    BackendInstance,
+    InstanceSpec,
+    Result,
+)
 from analyzer.worker.backends.python_stub import (
     Message,
     ShmArena,
@@ -41,12 +50,17 @@ from analyzer.worker.backends.python_stub import (
     unpack_tensors,
     write_tensors,
 )
+from analyzer.worker.custom_metrics import REGISTRY, CustomMetricError
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest, OnDone, OnResponse, Outputs
 
 log = logging.getLogger(__name__)
 FINALIZE_TIMEOUT_S = 10  # a model's finalize() gets this long before its process is killed
 _LOCK_WAIT_S = 2  # a call still running after this long at stop is a hung execute
+# how long an unload waits for a decoupled model's open requests (their final flags) before
+# it answers them with an error and finalizes the model
+OPEN_REQUESTS_WAIT_S = 30.0
+_CLOSED = object()  # the reader's mark, in the reply queue, that the channel closed
 
 
 class _Spawner:
@@ -127,8 +141,17 @@ class StubProcess:
         self.on_bls: Callable[[Message], None] | None = None
         # what takes a decoupled model's responses, during a call and after its reply
         self.on_response: Callable[[Message], None] | None = None
-        # whether request i of the current call was cancelled by its client
+        # whether request `serial` was cancelled by its client
         self.is_cancelled: Callable[[int], bool] | None = None
+        # a reader thread (start_reader) reads every message and hands call replies over here
+        self._reader: threading.Thread | None = None
+        self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # called on the reader thread once the channel closed (the stub ended)
+        self.on_closed: Callable[[], None] | None = None
+        # the custom metric families and metrics this model made: its own to use, released
+        # when it ends
+        self._families: set[int] = set()
+        self._metrics: set[int] = set()
         with _live_lock:
             _live.add(self)
 
@@ -138,6 +161,57 @@ class StubProcess:
         with self.lock:
             return self._call(message, timeout, fd)
 
+    def start_reader(self) -> None:
+        """Read the channel on a thread of its own from now on: a decoupled model sends
+        responses, BLS requests and cancellation questions at any time, between calls too,
+        and its instance must not wait for them (calls then take their replies from it)."""
+        self._reader = threading.Thread(target=self._read_all, name=f"{self.label} reader",
+                                        daemon=True)  # fmt: skip
+        self._reader.start()
+
+    def _read_all(self) -> None:
+        while True:
+            try:
+                message: Message = self.conn.recv()
+                if message.get("fd"):
+                    message["fd"] = recv_fd(self.sock)
+            except (EOFError, OSError):
+                self._replies.put(_CLOSED)
+                if self.on_closed is not None:
+                    self.on_closed()
+                return
+            try:
+                if not self._dispatch(message):
+                    self._replies.put(message)
+            except Exception:  # noqa: BLE001 - one bad message must not stop the reading
+                log.exception("%s: handling its '%s' message failed", self.label,
+                              message.get("op"))  # fmt: skip
+
+    def _reply(self, timeout: float | None) -> Message:
+        """The current call's reply: from the reader thread when there is one, else read here
+        (dispatching what the model sends meanwhile)."""
+        if self._reader is not None:
+            try:
+                reply = self._replies.get(timeout=timeout)
+            except queue.Empty:
+                self._timed_out(timeout)
+            if reply is _CLOSED:
+                self._replies.put(_CLOSED)  # for any later call too
+                raise EOFError
+            return reply  # type: ignore[no-any-return]
+        while True:
+            if timeout is not None and not self.conn.poll(timeout):
+                self._timed_out(timeout)
+            reply = self.conn.recv()
+            if reply.get("fd"):
+                reply["fd"] = recv_fd(self.sock)
+            if not self._dispatch(reply):
+                return reply  # type: ignore[no-any-return]
+
+    def _timed_out(self, timeout: float | None) -> NoReturn:
+        self.process.kill()
+        raise StubTimeout(f"{self.label} did not answer within {timeout:g} s", Status.INTERNAL)
+
     def _call(self, message: Message, timeout: float | None, fd: int | None) -> Message:
         try:
             message["fd"] = fd is not None
@@ -145,16 +219,7 @@ class StubProcess:
                 self.conn.send(message)
                 send_fd(self.sock, fd)
             fd = None
-            while True:
-                if timeout is not None and not self.conn.poll(timeout):
-                    self.process.kill()
-                    raise StubTimeout(f"{self.label} did not answer within {timeout:g} s",
-                                      Status.INTERNAL)  # fmt: skip
-                reply: Message = self.conn.recv()
-                if reply.get("fd"):
-                    reply["fd"] = recv_fd(self.sock)
-                if not self._dispatch(reply):
-                    break
+            reply = self._reply(timeout)
         except (EOFError, OSError):
             raise InferError(f"{self.label} {self._stopped()}; see the worker's log",
                              Status.INTERNAL) from None  # fmt: skip
@@ -183,6 +248,8 @@ class StubProcess:
             self._bls(message)
         elif op == "is_cancelled":
             self._answer_cancelled(message)
+        elif op in _METRIC_OPS:
+            self._metric(message)
         elif op == "response" and self.on_response is not None:
             self.on_response(message)
         elif op == "response":
@@ -191,24 +258,9 @@ class StubProcess:
             return False
         return True
 
-    def pump(self) -> None:
-        """Read and dispatch one message after a call's reply: a decoupled model's responses
-        (or BLS requests) sent by its threads once execute() returned."""
-        with self.lock:
-            try:
-                message = self.conn.recv()
-                if message.get("fd"):
-                    message["fd"] = recv_fd(self.sock)
-            except (EOFError, OSError):
-                raise InferError(f"{self.label} {self._stopped()} before its responses were "
-                                 "complete", Status.INTERNAL) from None  # fmt: skip
-            if not self._dispatch(message):
-                raise InferError(f"{self.label} sent '{message.get('op')}' between calls",
-                                 Status.INTERNAL)  # fmt: skip
-
     def _answer_cancelled(self, message: Message) -> None:
-        """request.is_cancelled() in the model: whether that request of the call was cancelled
-        by its client (`is_cancelled`, set by the instance for its call's batch)."""
+        """request.is_cancelled() in the model: whether that request was cancelled by its
+        client (`is_cancelled`, set by the instance, which knows its requests by serial)."""
         index = message.get("request")
         cancelled = self.is_cancelled(index) if self.is_cancelled is not None and isinstance(
             index, int) else False  # fmt: skip
@@ -218,6 +270,56 @@ class StubProcess:
                                 "cancelled": bool(cancelled), "fd": False})  # fmt: skip
         except OSError:
             pass
+
+    def _metric(self, message: Message) -> None:
+        """pb_utils.MetricFamily / Metric calls. A model acts only on the handles it was given;
+        creations and value() are answered, the rest (checked in the model's process) not."""
+        op, handle = message["op"], message.get("handle")
+        answer: Message | None = None
+        try:
+            if op == "metric_family":
+                handle = REGISTRY.family(message.get("name"), message.get("description"),
+                                         message.get("kind"))  # fmt: skip
+                self._families.add(handle)
+                answer = {"handle": handle}
+            elif op == "metric_new":
+                family = message.get("family")
+                if family not in self._families:
+                    raise CustomMetricError("the metric's family was deleted")
+                handle = REGISTRY.metric(family, message.get("labels"), message.get("buckets"))
+                self._metrics.add(handle)
+                answer = {"handle": handle}
+            elif op == "metric_value":
+                if handle not in self._metrics:
+                    raise CustomMetricError("the metric was deleted")
+                answer = {"value": REGISTRY.value(handle)}
+            elif op == "metric_op" and handle in self._metrics:
+                value = message.get("value")
+                if isinstance(value, float | int):
+                    REGISTRY.apply(handle, str(message.get("kind")), float(value))
+            elif op == "metric_delete" and handle in self._metrics:
+                self._metrics.discard(handle)
+                REGISTRY.release_metric(handle)
+            elif op == "family_delete" and handle in self._families:
+                self._families.discard(handle)
+                REGISTRY.release_family(handle)
+        except CustomMetricError as err:
+            answer = {"error": str(err)}
+        if answer is not None and "id" in message:
+            try:
+                with self.send_lock:
+                    self.conn.send({"op": "bls_reply", "id": message["id"], "plain": True,
+                                    "fd": False, **answer})  # fmt: skip
+            except OSError:
+                pass
+
+    def _release_metrics(self) -> None:
+        for handle in self._metrics:
+            REGISTRY.release_metric(handle)
+        for handle in self._families:
+            REGISTRY.release_family(handle)
+        self._metrics.clear()
+        self._families.clear()
 
     def _bls(self, message: Message) -> None:
         if self.on_bls is None:
@@ -280,6 +382,13 @@ class StubProcess:
                 log.warning("%s (pid %d) did not exit after SIGKILL", self.label, self.process.pid)
         with _live_lock:
             _live.discard(self)
+        self._release_metrics()  # the model's process is gone: so are its metrics
+        if self._reader is not None:  # it ends at the channel's end; then its fds may close
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._reader.join(FINALIZE_TIMEOUT_S)
         if self.lock.acquire(timeout=_LOCK_WAIT_S):  # no call is inside recv on these fds
             try:
                 self.conn.close()
@@ -294,6 +403,8 @@ _TRITON_CODES = {Status.UNKNOWN: 0, Status.INTERNAL: 1, Status.NOT_FOUND: 2,
                  Status.INVALID_ARG: 3, Status.UNAVAILABLE: 4, Status.UNSUPPORTED: 5,
                  Status.ALREADY_EXISTS: 6, Status.CANCELLED: 7}  # fmt: skip
 _STATUS_OF_CODE = {code: status for status, code in _TRITON_CODES.items()}
+_METRIC_OPS = frozenset(("metric_family", "metric_new", "metric_value", "metric_op",
+                         "metric_delete", "family_delete"))  # fmt: skip
 
 
 def model_error(message: Any, code: Any = 1) -> InferError:
@@ -370,10 +481,15 @@ class PythonInstance(BackendInstance):
         # what a request that names no outputs asks for: all the config's, as Triton's core
         # fills them in, so the model sees them and returns no undeclared tensor
         self.output_names = [o.name for o in source.config.output]
-        self._batch: list[InferRequest] = []  # the call's requests, for decoupled responses
-        self._open: set[int] = set()
+        # the model knows a request by its serial: its index in the call, or for a decoupled
+        # model a number of its own, since its requests outlive the call
+        self._batch: list[InferRequest] = []  # the call's requests (not decoupled)
+        self._serials = itertools.count()
+        self._open: dict[int, _OpenRequest] = {}  # a decoupled model's requests not yet final
+        self._open_lock = threading.Condition()
         if self.decoupled:
             self.stub.on_response = self._response
+            self.stub.on_closed = self._closed
         self.inputs = ShmArena()
         self.outputs = ShmArena()
         args = {
@@ -398,6 +514,8 @@ class PythonInstance(BackendInstance):
             self.finalize()
             raise ValueError(f"initialize failed: {err}") from None
         self.pid = reply["pid"]
+        if self.decoupled:
+            self.stub.start_reader()
 
     def execute(self, requests: list[InferRequest], timing: BatchTiming) -> list[Result]:
         t0 = time.perf_counter_ns()
@@ -407,10 +525,12 @@ class PythonInstance(BackendInstance):
         except ShmSpaceError as err:
             raise InferError(f"{self.name}: {err}", Status.UNAVAILABLE) from None
         specs, i = [], 0
-        for r in requests:
+        serials: Sequence[int] = (self._register(requests) if self.decoupled
+                                  else range(len(requests)))  # fmt: skip
+        for r, serial in zip(requests, serials, strict=True):
             n = len(r.inputs)
             specs.append({
-                "id": r.id, "correlation_id": r.correlation_id, "flags": r.flags,
+                "serial": serial, "id": r.id, "correlation_id": r.correlation_id, "flags": r.flags,
                 "timeout": r.timeout_us, "parameters": r.parameters,
                 "requested": list(r.requested_outputs or self.output_names),
                 "inputs": layout[i : i + n],
@@ -419,21 +539,20 @@ class PythonInstance(BackendInstance):
         t1 = time.perf_counter_ns()
         message = {"op": "execute", "shm_size": self.inputs.size,
                    "outputs_size": self.outputs.size, "requests": specs}  # fmt: skip
-        self._batch = requests
+        if not self.decoupled:
+            self._batch = requests
         try:
             reply = self.stub.call(message, fd=fd)
         except InferError:
             if fd is not None:  # the child may not hold the new file: reserve a fresh one next time
                 self.inputs.close()
+            if self.decoupled:  # the runner answers the batch with the error
+                self._unregister(serials)
             raise
-        if reply.get("decoupled"):
-            self._open = set(reply["open"])
-            while self._open:  # the model's threads finish the requests
-                self.stub.pump()
-            self._batch = []
+        if self.decoupled:
             timing.compute_input_ns = t1 - t0
             timing.compute_infer_ns = time.perf_counter_ns() - t1
-            return [{} for _ in requests]  # complete: every response went out as it came
+            return self._defer(serials)
         t2 = time.perf_counter_ns()
         if reply["fd"] is not False:
             try:
@@ -458,17 +577,48 @@ class PythonInstance(BackendInstance):
         timing.compute_output_ns = t3 - t2
         return results
 
-    def _cancelled(self, index: int) -> bool:
+    # ---- a decoupled model's requests, answered when their final flag comes -------------------
+    def _register(self, requests: list[InferRequest]) -> list[int]:
+        """Serials for a decoupled call's requests, open from now until their final flag."""
+        with self._open_lock:
+            serials = []
+            for request in requests:
+                serial = next(self._serials)
+                self._open[serial] = _OpenRequest(request)
+                serials.append(serial)
+            return serials
+
+    def _unregister(self, serials: Sequence[int]) -> None:
+        with self._open_lock:
+            for serial in serials:
+                self._open.pop(serial, None)
+            self._open_lock.notify_all()
+
+    def _defer(self, serials: Sequence[int]) -> list[Result]:
+        """execute() returned: the requests still open are answered at their final flag, by
+        the channel's reader, while this instance takes its next batch (Triton's rule)."""
+        results: list[Result] = []
+        with self._open_lock:
+            for serial in serials:
+                entry = self._open.get(serial)
+                if entry is None:  # final during execute(): the runner answers it now
+                    results.append({})
+                else:
+                    entry.deferred = True
+                    results.append(DEFERRED)
+        return results
+
+    def _cancelled(self, serial: int) -> bool:
+        if self.decoupled:
+            entry = self._open.get(serial)
+            return entry is not None and entry.request.cancelled
         batch = self._batch
-        return 0 <= index < len(batch) and batch[index].cancelled
+        return 0 <= serial < len(batch) and batch[serial].cancelled
 
     def _response(self, message: Message) -> None:
-        """One response of a decoupled model, handed to its request's stream at once."""
-        index = message.get("request")
-        if not isinstance(index, int) or not 0 <= index < len(self._batch):
-            discard_fd(message)
-            return
-        request = self._batch[index]
+        """One response of a decoupled model, handed to its request's stream at once (on the
+        channel's reader thread); after the final one a deferred request is complete."""
+        serial = message.get("request")
         outputs, error = None, None
         if message.get("error") is not None:
             discard_fd(message)
@@ -480,15 +630,49 @@ class PythonInstance(BackendInstance):
                 error = InferError(f"{self.name}: a response cannot be read: {err}",
                                    Status.INTERNAL)  # fmt: skip
         final = bool(message.get("final"))
-        if final:
-            self._open.discard(index)
-        if request.on_response is not None and not request.cancelled:
-            request.on_response(outputs, error, final)
+        # under the lock: the runner's own answer (on_done) of a request that ended during its
+        # call must not overtake that request's last response
+        with self._open_lock:
+            entry = self._open.get(serial) if isinstance(serial, int) else None
+            if entry is None:
+                return
+            request = entry.request
+            if final:
+                del self._open[serial]  # type: ignore[arg-type]
+                self._open_lock.notify_all()
+            if request.on_response is not None and not request.cancelled:
+                request.on_response(outputs, error, final)
+            if final and entry.deferred and self.complete is not None:
+                self.complete(request, {}, None)
+
+    def _closed(self) -> None:
+        """The model's process ended: its deferred requests are answered with the error (those
+        of a call in progress are answered by their runner, whose call fails)."""
+        error = InferError(f"{self.name} stopped before sending every final response; see the "
+                           "worker's log", Status.INTERNAL)  # fmt: skip
+        with self._open_lock:
+            gone = [(serial, entry) for serial, entry in self._open.items() if entry.deferred]
+            for serial, _ in gone:
+                del self._open[serial]
+            self._open_lock.notify_all()
+            if self.complete is not None:
+                for _, entry in gone:
+                    self.complete(entry.request, None, error)
+
+    def forget(self, requests: list[InferRequest]) -> None:
+        if not self.decoupled:
+            return
+        answered = {id(request) for request in requests}
+        with self._open_lock:
+            for serial in [s for s, e in self._open.items() if id(e.request) in answered]:
+                del self._open[serial]
+            self._open_lock.notify_all()
 
     def _bls(self, message: Message) -> None:
         """A BLS request of this model: an ordinary request to the named model (its batcher,
         instances and statistics), answered to the stub when it finishes, on whichever thread
-        finishes it. Runs on this instance's runner thread, which waits for execute()."""
+        finishes it. Runs on whichever thread reads the stub's channel: this instance's runner
+        during execute(), or a decoupled model's reader thread."""
         number = message["id"]
         try:
             try:
@@ -541,6 +725,21 @@ class PythonInstance(BackendInstance):
         return on_done, on_response
 
     def finalize(self) -> None:
+        """A decoupled model first gets time to finish its open requests (Triton waits for
+        them too); those still open when its process ends are answered with an error."""
+        if self.decoupled:
+            with self._open_lock:
+                if not self._open_lock.wait_for(lambda: not self._open, OPEN_REQUESTS_WAIT_S):
+                    log.warning("%s: %d request(s) still open after %g s; stopping it",
+                                self.name, len(self._open), OPEN_REQUESTS_WAIT_S)  # fmt: skip
         self.stub.stop()
         self.inputs.close()
         self.outputs.close()
+
+
+@dataclass(slots=True)
+class _OpenRequest:
+    """A decoupled model's request that has not sent its final flag."""
+
+    request: InferRequest
+    deferred: bool = False  # execute() returned: the channel's reader answers it at the end

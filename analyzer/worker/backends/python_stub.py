@@ -59,6 +59,7 @@ Placed = tuple[str, str, tuple[int, ...], int, int]
 SHM_DIR_ENV = "MODEL_ANALYZER_SHM_DIR"
 _MIN_ARENA = 1 << 20
 CANCEL_ASK_S = 5.0  # is_cancelled() asked when the worker reads nothing: False after this
+ASK_S = 30.0  # a custom metric's creation or value() asked when the worker reads nothing
 
 
 class ShmSpaceError(Exception):
@@ -379,8 +380,11 @@ class BlsClient:
 
     def _take(self, message: Message) -> None:
         number = message["id"]
-        if "cancelled" in message:  # the answer to ask_cancelled()
-            self.replies[number] = message
+        if "cancelled" in message or message.get("plain"):  # ask_cancelled(), ask()
+            if number in self.abandoned:
+                self.abandoned.discard(number)
+            else:
+                self.replies[number] = message
             return
         try:
             message["arrays"] = unpack_tensors(message)
@@ -458,13 +462,13 @@ class BlsClient:
             self.loop = None
 
     # ---- calls --------------------------------------------------------------------------------
-    def ask_cancelled(self, index: int) -> bool:
-        """Whether request `index` of the current call was cancelled by its client: the worker
-        answers while it runs the call (or reads a decoupled model's responses after it); asked
-        at any other time, False after a short wait."""
+    def ask_cancelled(self, serial: int) -> bool:
+        """Whether request `serial` was cancelled by its client: the worker answers while it
+        runs the call, and at any time for a decoupled model (whose channel it always reads);
+        asked between calls of a model that is not decoupled, False after a short wait."""
         number = next(self.ids)
         with self.send_lock:
-            self.conn.send({"op": "is_cancelled", "id": number, "request": index, "fd": False})
+            self.conn.send({"op": "is_cancelled", "id": number, "request": serial, "fd": False})
         try:
             arrived = self.wait_until(lambda: number in self.replies, CANCEL_ASK_S)
         except EOFError:
@@ -474,6 +478,30 @@ class BlsClient:
                 self.abandoned.add(number)
                 return False
             return bool(self.replies.pop(number).get("cancelled"))
+
+    def ask(self, message: Message, timeout: float = ASK_S) -> Message:
+        """A question to the worker (a custom metric's creation or value): its answer, or a
+        TritonModelException when it cannot come (the worker answers a model that is not
+        decoupled only while it runs one of its calls)."""
+        number = next(self.ids)
+        with self.send_lock:
+            self.conn.send({**message, "id": number, "fd": False})
+        try:
+            arrived = self.wait_until(lambda: number in self.replies, timeout)
+        except EOFError:
+            raise pb_utils.TritonModelException("the worker closed the channel") from None
+        with self.cond:
+            if not arrived:
+                self.abandoned.add(number)
+                raise pb_utils.TritonModelException(
+                    f"the worker did not answer within {timeout:g} s: a model that is not "
+                    "decoupled may ask it only from initialize(), execute() or finalize()")
+            return self.replies.pop(number)
+
+    def tell(self, message: Message) -> None:
+        """A message that needs no answer (a metric's update or deletion)."""
+        with self.send_lock:
+            self.conn.send({**message, "fd": False})
 
     def send(self, request: pb_utils.InferenceRequest, decoupled: bool = False) -> int:
         number = next(self.ids)
@@ -637,7 +665,9 @@ class Stub:
         # its threads may send while execute() runs or after it returned
         self.send_lock = threading.Lock()
         self.decoupled = False
-        self.open: set[int] = set()  # a decoupled call's requests not yet sent their final flag
+        # a decoupled model's requests (by serial) that have not sent their final flag; they
+        # outlive their call: the worker sends the next call once execute() returns
+        self.open: set[int] = set()
         self.bls = BlsClient(conn, sock, self.send_lock)
         self.loop = asyncio.new_event_loop()  # for models whose execute() is a coroutine
         pb_utils._bls_client = self.bls
@@ -659,8 +689,6 @@ class Stub:
             except Exception as err:
                 reply = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
             with self.send_lock:
-                if reply.get("decoupled"):  # the requests whose final flag comes after this
-                    reply["open"] = sorted(self.open)
                 self.conn.send(reply)
                 send_fd(self.sock, fd)
             if op == "finalize":
@@ -691,11 +719,12 @@ class Stub:
             raise RuntimeError("the worker's input arena is not the one mapped here")
         if message["outputs_size"] != self.outputs.size:  # the worker lost our last file
             self.outputs.close()
-        requests = [self._request(r) for r in message["requests"]]
-        for index, request in enumerate(requests):
-            request._ask_cancelled = lambda i=index: self.bls.ask_cancelled(i)
+        specs = message["requests"]
+        requests = [self._request(r) for r in specs]
+        for spec, request in zip(specs, requests, strict=True):
+            request._ask_cancelled = lambda n=spec["serial"]: self.bls.ask_cancelled(n)
         if self.decoupled:
-            return self._execute_decoupled(requests)
+            return self._execute_decoupled(requests, [spec["serial"] for spec in specs])
         result = self.model.execute(requests)
         if inspect.isawaitable(result):  # async def execute (BLS with async_exec)
             try:
@@ -726,14 +755,16 @@ class Stub:
         return {"shm_size": self.outputs.size, "outputs": per_request, "errors": errors,
                 "codes": codes, "fd": fd}
 
-    def _execute_decoupled(self, requests: list[pb_utils.InferenceRequest]) -> Message:
+    def _execute_decoupled(self, requests: list[pb_utils.InferenceRequest],
+                           serials: list[int]) -> Message:  # fmt: skip
         """A decoupled model answers through its requests' senders, each response sent to the
-        worker as it comes; the reply lists the requests still open (their final flag will
-        follow, from the model's threads)."""
-        self.open = set(range(len(requests)))
-        for index, request in enumerate(requests):
-            request._emit = (lambda response, final, i=index, r=request:
-                             self._emit(i, response, final, r))  # fmt: skip
+        worker as it comes, from any thread, during execute() or after it returned: the worker
+        sends the next call meanwhile, as Triton does."""
+        with self.send_lock:
+            self.open.update(serials)
+        for serial, request in zip(serials, requests, strict=True):
+            request._emit = (lambda response, final, n=serial, r=request:
+                             self._emit(n, response, final, r))  # fmt: skip
         result = self.model.execute(requests)
         if inspect.isawaitable(result):
             try:
@@ -746,9 +777,9 @@ class Stub:
                 "request.get_response_sender()")  # fmt: skip
         return {"decoupled": True}
 
-    def _emit(self, index: int, response: pb_utils.InferenceResponse | None, final: bool,
+    def _emit(self, serial: int, response: pb_utils.InferenceResponse | None, final: bool,
               request: pb_utils.InferenceRequest) -> None:
-        """One response of request `index` of the current call, sent now (any thread)."""
+        """One response of request `serial`, sent now (any thread)."""
         fields: Message = {}
         fd = None
         error = None
@@ -760,22 +791,25 @@ class Stub:
                 code = _code(err)
             else:
                 fields, fd = pack_tensors(_requested(request, response))
-        message = {"op": "response", "request": index, "final": final, "error": error,
+        message = {"op": "response", "request": serial, "final": final, "error": error,
                    "code": code, "empty": response is None, "fd": fd is not None,
                    **fields}  # fmt: skip
         with self.send_lock:
-            if index not in self.open:
+            if serial not in self.open:
                 if fd is not None:
                     os.close(fd)
                 raise pb_utils.TritonModelException("this request was already completed")
             if final:
-                self.open.discard(index)
+                self.open.discard(serial)
             self.conn.send(message)
             send_fd(self.sock, fd)
 
     def _request(self, spec: Message) -> pb_utils.InferenceRequest:
+        # a decoupled model's request outlives its call, and the next call's inputs overwrite
+        # the arena: its tensors are copies
         inputs = [
-            pb_utils.Tensor(name, read_tensor(self.inputs, wire, shape, offset, size))
+            pb_utils.Tensor(name, _owned(read_tensor(self.inputs, wire, shape, offset, size),
+                                         self.decoupled))  # fmt: skip
             for name, wire, shape, offset, size in spec["inputs"]
         ]
         return pb_utils.InferenceRequest(
@@ -835,6 +869,10 @@ def main() -> None:
     # Model output printed with print() must not corrupt anything: stdout goes to stderr.
     sys.stdout = sys.stderr
     Stub(conn, sock).serve()
+
+
+def _owned(array: np.ndarray, copy: bool) -> np.ndarray:
+    return array.copy() if copy and array.base is not None else array
 
 
 def _requested(request: pb_utils.InferenceRequest,

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from enum import IntEnum
 from functools import partial
 from typing import Any
 
@@ -411,6 +412,132 @@ class Logger:
     log_warn = staticmethod(partial(log, level=WARNING))
     log_error = staticmethod(partial(log, level=ERROR))
     log_verbose = staticmethod(partial(log, level=VERBOSE))
+
+
+class MetricKind(IntEnum):
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+
+COUNTER, GAUGE, HISTOGRAM = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
+
+
+class MetricFamily:
+    """Triton's custom metrics: a family of counters, gauges or histograms that the worker
+    serves on its metrics port with its own. A family is known by its name across the worker;
+    a second one of the same name and kind is the same family."""
+
+    COUNTER, GAUGE, HISTOGRAM = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
+        if name is None or description is None or kind is None:
+            raise TypeError("MetricFamily needs a name, a description and a kind")
+        try:
+            self._kind = MetricKind(kind)
+        except ValueError:
+            raise TritonModelException(f"Error when creating MetricFamily: unknown kind {kind!r}"
+                                       ) from None  # fmt: skip
+        self._name = name
+        self._handle: int | None = None
+        reply = _metrics().ask({"op": "metric_family", "name": name, "description": description,
+                                "kind": self._kind.name.lower()})  # fmt: skip
+        if reply.get("error") is not None:
+            raise TritonModelException(f"Error when creating MetricFamily: {reply['error']}")
+        self._handle = int(reply["handle"])
+
+    def Metric(self, labels: dict[str, str] | None = None,  # noqa: N802 - Triton's name
+               buckets: list[float] | None = None) -> Metric:  # fmt: skip
+        """A metric of this family with these labels (a histogram's needs its buckets)."""
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None and not isinstance(buckets, list):
+            raise TritonModelException("Failed to create metric. Buckets must be a list.")
+        if buckets is not None and self._kind != MetricKind.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+        if buckets is None and self._kind == MetricKind.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        return Metric(self, labels, buckets)
+
+    def __del__(self) -> None:
+        if self._handle is not None:
+            _tell_quietly({"op": "family_delete", "handle": self._handle})
+
+
+class Metric:
+    """One series of a MetricFamily. increment() (counter, gauge), set() (gauge) and observe()
+    (histogram) go to the worker without waiting; value() asks it."""
+
+    def __init__(self, family: MetricFamily, labels: dict[str, str] | None,
+                 buckets: list[float] | None) -> None:  # fmt: skip
+        self._family = family  # a family outlives its metrics, as Triton asks
+        self._handle: int | None = None
+        reply = _metrics().ask({"op": "metric_new", "family": family._handle,
+                                "labels": labels, "buckets": buckets})  # fmt: skip
+        if reply.get("error") is not None:
+            raise TritonModelException(f"Error when creating Metric: {reply['error']}")
+        self._handle = int(reply["handle"])
+
+    def increment(self, value: float) -> None:
+        kind = self._family._kind
+        if kind == MetricKind.HISTOGRAM:
+            raise TritonModelException("Failed to increment metric value: a histogram metric "
+                                       "is not incremented; use observe()")  # fmt: skip
+        number = _number("increment", value)
+        if kind == MetricKind.COUNTER and not number >= 0:
+            raise TritonModelException("Failed to increment metric value: a counter's increment "
+                                       f"must be non-negative, got {value!r}")  # fmt: skip
+        self._send("increment", number)
+
+    def set(self, value: float) -> None:
+        if self._family._kind != MetricKind.GAUGE:
+            raise TritonModelException("Failed to set metric value: set() is only supported for "
+                                       "gauge metrics")  # fmt: skip
+        self._send("set", _number("set", value))
+
+    def observe(self, value: float) -> None:
+        if self._family._kind != MetricKind.HISTOGRAM:
+            raise TritonModelException("Failed to observe metric value: observe() is only "
+                                       "supported for histogram metrics")  # fmt: skip
+        self._send("observe", _number("observe", value))
+
+    def value(self) -> float:
+        if self._family._kind == MetricKind.HISTOGRAM:
+            raise TritonModelException("Failed to get metric value: value() is not supported "
+                                       "for histogram metrics")  # fmt: skip
+        reply = _metrics().ask({"op": "metric_value", "handle": self._handle})
+        if reply.get("error") is not None:
+            raise TritonModelException(f"Failed to get metric value: {reply['error']}")
+        return float(reply["value"])
+
+    def _send(self, kind: str, value: float) -> None:
+        _metrics().tell({"op": "metric_op", "handle": self._handle, "kind": kind,
+                         "value": value})  # fmt: skip
+
+    def __del__(self) -> None:
+        if self._handle is not None:
+            _tell_quietly({"op": "metric_delete", "handle": self._handle})
+
+
+def _number(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{what}() takes a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _metrics() -> Any:
+    if _bls_client is None:
+        raise TritonModelException("custom metrics work only in a model the worker runs")
+    return _bls_client
+
+
+def _tell_quietly(message: dict[str, Any]) -> None:
+    """A deletion from __del__: at the process's end the channel may be gone already."""
+    try:
+        if _bls_client is not None:
+            _bls_client.tell(message)
+    except Exception:  # noqa: BLE001, S110 - the worker releases a model's metrics when it ends
+        pass
 
 
 class ModelConfig:

@@ -1,0 +1,192 @@
+"""Custom metrics of python models (pb_utils.MetricFamily / Metric), as Triton serves them: on the
+metrics port after Triton's own families, shared by name, released when the model ends."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from serving import start_worker
+from tritonclient.utils import InferenceServerException
+
+from analyzer.worker.custom_metrics import MAX_FAMILIES, CustomMetricError, CustomMetrics
+
+# ---- the registry ---------------------------------------------------------------------------
+
+
+def test_a_family_is_known_by_name_and_a_series_by_labels():
+    registry = CustomMetrics()
+    first = registry.family("latency_ns", "Cumulative latency", "counter")
+    again = registry.family("latency_ns", "another description", "counter")
+    with pytest.raises(CustomMetricError, match="exists as a counter; it cannot be made a gauge"):
+        registry.family("latency_ns", "x", "gauge")
+    a = registry.metric(first, {"model": "m", "version": "1"}, None)
+    b = registry.metric(again, {"version": "1", "model": "m"}, None)  # the same series
+    registry.apply(a, "increment", 5)
+    registry.apply(b, "increment", 2.5)
+    registry.apply(a, "increment", -1)  # a counter does not go down (the model checks first)
+    assert registry.value(a) == registry.value(b) == 7.5
+    assert registry.lines() == ["# HELP latency_ns Cumulative latency",
+                                "# TYPE latency_ns counter",
+                                'latency_ns{model="m",version="1"} 7.5']  # fmt: skip
+    registry.release_metric(a)
+    assert registry.value(b) == 7.5  # still held by b
+    registry.release_metric(b)
+    assert registry.lines() == []  # a family with no series is not written
+
+
+def test_histograms_gauges_and_what_is_refused():
+    registry = CustomMetrics()
+    hist = registry.family("size_bytes", 'sizes "in"\nbytes', "histogram")
+    metric = registry.metric(hist, {"path": 'a"b\\c'}, [10, 100.5])
+    for value in (3, 10, 50, 1e9):
+        registry.apply(metric, "observe", value)
+    assert registry.lines() == [
+        '# HELP size_bytes sizes "in"\\nbytes',
+        "# TYPE size_bytes histogram",
+        'size_bytes_bucket{path="a\\"b\\\\c",le="10"} 2',
+        'size_bytes_bucket{path="a\\"b\\\\c",le="100.5"} 3',
+        'size_bytes_bucket{path="a\\"b\\\\c",le="+Inf"} 4',
+        'size_bytes_sum{path="a\\"b\\\\c"} 1000000063',
+        'size_bytes_count{path="a\\"b\\\\c"} 4',
+    ]
+    with pytest.raises(CustomMetricError, match="not supported for histogram"):
+        registry.value(metric)
+    with pytest.raises(CustomMetricError, match="finite and increasing"):
+        registry.metric(hist, None, [5, 1])
+    with pytest.raises(CustomMetricError, match="with these labels and other buckets"):
+        registry.metric(hist, {"path": 'a"b\\c'}, [1, 2])
+    gauge = registry.family("queue", "", "gauge")
+    level = registry.metric(gauge, None, None)
+    registry.apply(level, "set", 4)
+    registry.apply(level, "increment", -6)
+    assert registry.value(level) == -2
+    with pytest.raises(CustomMetricError, match="takes no buckets"):
+        registry.metric(gauge, None, [1.0])
+    with pytest.raises(CustomMetricError, match="not a Prometheus label name"):
+        registry.metric(gauge, {"bad-name": "x"}, None)
+    with pytest.raises(CustomMetricError, match="must have a string value"):
+        registry.metric(gauge, {"n": 1}, None)
+    with pytest.raises(CustomMetricError, match="not a Prometheus metric name"):
+        registry.family("9lives", "", "counter")
+    with pytest.raises(CustomMetricError, match="the worker's own namespace"):
+        registry.family("nv_inference_count", "", "counter")
+    registry.release_family(gauge)  # the family goes, with its metrics
+    with pytest.raises(CustomMetricError, match="deleted"):
+        registry.value(level)
+
+
+def test_a_model_cannot_grow_the_registry_without_end():
+    registry = CustomMetrics()
+    for n in range(MAX_FAMILIES):
+        registry.family(f"f{n}", "", "counter")
+    with pytest.raises(CustomMetricError, match=f"holds {MAX_FAMILIES} already"):
+        registry.family("one_more", "", "counter")
+
+
+# ---- a python model's metrics on the worker's metrics port ------------------------------------
+
+MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # the kind as in Triton's 23.05 example (module level) and as in its README
+        self.count = pb_utils.MetricFamily(
+            name="requests_seen", description="Requests this model saw",
+            kind=pb_utils.COUNTER).Metric(labels={"model": args["model_name"], "version": "1"})
+        self.depth = pb_utils.MetricFamily(
+            "batch_depth", "Requests in the last batch", pb_utils.MetricFamily.GAUGE).Metric()
+        family = pb_utils.MetricFamily("input_value", "Inputs seen",
+                                       pb_utils.MetricFamily.HISTOGRAM)
+        self.values = family.Metric(labels={"model": args["model_name"]}, buckets=[1.0, 10.0])
+
+    def execute(self, requests):
+        responses = []
+        self.depth.set(len(requests))
+        for request in requests:
+            value = float(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            try:
+                if value < 0:
+                    self.count.increment(value)  # a counter does not go down: an error
+                self.count.increment(1)
+                self.values.observe(value)
+            except pb_utils.TritonModelException as err:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err))))
+                continue
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", np.array([self.count.value()], dtype=np.float64))]))
+        return responses
+'''
+
+CLASH = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.MetricFamily("requests_seen", "the same name, another kind",
+                              pb_utils.MetricFamily.GAUGE)
+
+    def execute(self, requests):
+        return []
+'''
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("custom_metrics")
+    for name, code in (("counted", MODEL), ("clash", CLASH)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(code)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}" backend: "python" max_batch_size: 0\n'
+            'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'output [ { name: "OUT" data_type: TYPE_FP64 dims: [ 1 ] } ]\n')
+    served = start_worker(repo, "--model-control-mode", "explicit", "--load-model", "counted")
+    yield served
+    served.stop()
+
+
+def _infer(client, value: float) -> float:
+    tensor = httpclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([value], dtype=np.float32))
+    return float(client.infer("counted", [tensor]).as_numpy("OUT")[0])
+
+
+def _scrape(worker) -> str:
+    with urllib.request.urlopen(worker.metrics, timeout=10) as response:
+        return response.read().decode()
+
+
+def test_a_models_metrics_are_served_with_the_workers(worker):
+    """pb_utils.MetricFamily did not exist: a Triton model that defines custom metrics failed to
+    load."""
+    with httpclient.InferenceServerClient(worker.http) as client:
+        assert [_infer(client, v) for v in (0.5, 5, 50)] == [1, 2, 3]  # value() after each
+        with pytest.raises(InferenceServerException, match="must be non-negative"):
+            _infer(client, -2)
+        text = _scrape(worker)
+        assert "# HELP requests_seen Requests this model saw\n# TYPE requests_seen counter\n" \
+            'requests_seen{model="counted",version="1"} 3\n' in text  # fmt: skip
+        assert "# TYPE batch_depth gauge\nbatch_depth 1\n" in text  # no labels, no braces
+        assert 'input_value_bucket{model="counted",le="1"} 1\n' in text
+        assert 'input_value_bucket{model="counted",le="10"} 2\n' in text
+        assert 'input_value_bucket{model="counted",le="+Inf"} 3\n' in text
+        assert 'input_value_sum{model="counted"} 55.5\n' in text
+        assert text.index("nv_inference_count") < text.index("requests_seen")  # Triton's first
+        assert re.search(r'nv_inference_request_failure\{model="counted",version="1"\} 1\n', text)
+
+        with pytest.raises(InferenceServerException, match="exists as a counter"):
+            client.load_model("clash")  # the family's name is taken by another kind
+
+        client.unload_model("counted")  # the model's process ends: its metrics go with it
+        text = _scrape(worker)
+        assert "requests_seen" not in text and "input_value" not in text
+        client.load_model("clash")  # the name is free again
+        assert client.is_model_ready("clash")
