@@ -9,6 +9,7 @@ the machine down.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,32 @@ class Limits:
     max_total_instances: int = cap(256, "--max-total-instances", "count",
                                    "Model instances of all loaded models together at most (a "
                                    "load past it is refused).")
+    # what the queues hold: the connections' caps bound requests in count, not in bytes (64
+    # pipelined 64 MiB requests on each of 4,096 connections), so their inputs have a total too
+    max_queued_bytes: int = cap(4 << 30, "--max-queued-size", "bytes",
+                                "Input bytes of the requests accepted and not yet answered, all "
+                                "models together (503 / UNAVAILABLE beyond).")
+
+
+class HeldBytes:
+    """Bytes held by accepted requests not yet answered, against `--max-queued-size`."""
+
+    def __init__(self, limit: int = Limits.max_queued_bytes) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        """Hold `size` more bytes; False, holding nothing, when that would pass the limit."""
+        with self._lock:
+            if self.held + size > self.limit:
+                return False
+            self.held += size
+            return True
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
 
 
 def size_text(size: int) -> str:

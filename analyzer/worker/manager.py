@@ -32,7 +32,7 @@ from analyzer.repository.repository import (
 from analyzer.worker.backends.base import Backend
 from analyzer.worker.ensemble import EnsembleVersion, composing_models
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.limits import Limits
+from analyzer.worker.limits import HeldBytes, Limits
 from analyzer.worker.load_deadline import load_deadline
 from analyzer.worker.model import ModelVersion, instance_specs
 from analyzer.worker.names import check_model_name
@@ -84,6 +84,7 @@ class ModelManager:
         auto_complete: bool = True,
         load_timeout_s: float = 0.0,
         max_total_instances: int = Limits.max_total_instances,
+        max_queued_bytes: int = Limits.max_queued_bytes,
     ):
         if control_mode not in CONTROL_MODES:
             raise ValueError(
@@ -99,6 +100,7 @@ class ModelManager:
         self.max_instance_count = max_instance_count
         self.load_timeout_s = load_timeout_s  # --model-load-timeout-secs (0: as long as it takes)
         self.max_total_instances = max_total_instances  # every loaded model's together
+        self.held = HeldBytes(max_queued_bytes)  # every model's unanswered requests together
         self._reserved = 0  # instances of loads being built now
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
@@ -387,7 +389,7 @@ class ModelManager:
         try:
             for version in source.versions:
                 model = ModelVersion(_one_version(source), version, backend,
-                                     self.max_instance_count)  # fmt: skip
+                                     self.max_instance_count, self.held)  # fmt: skip
                 model.load()
                 built[version] = model
         except BaseException:

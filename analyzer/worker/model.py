@@ -18,8 +18,8 @@ from analyzer.worker.backends.base import Backend, InstanceSpec
 from analyzer.worker.batcher import Scheduler
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.instances import BatchSource, InstanceRunner
-from analyzer.worker.limits import Limits
-from analyzer.worker.request import InferRequest, Outputs
+from analyzer.worker.limits import HeldBytes, Limits
+from analyzer.worker.request import InferRequest, Outputs, input_bytes
 from analyzer.worker.sequence import SequenceScheduler
 from analyzer.worker.stats import ModelStats
 from analyzer.worker.validate import RequestValidator
@@ -45,8 +45,10 @@ class ModelVersion:
         version: int,
         backend: Backend,
         max_instance_count: int = Limits.max_instance_count,
+        held: HeldBytes | None = None,
     ):
         self.source = source
+        self.held = held  # the worker's --max-queued-size, shared by every model
         self.name = source.name
         self.version = version
         self.backend = backend
@@ -119,6 +121,8 @@ class ModelVersion:
                 f"model '{self.name}' is decoupled (it may send any number of responses per "
                 "request): call it over gRPC streaming (ModelStreamInfer), not HTTP or unary "
                 "gRPC", Status.UNSUPPORTED)  # fmt: skip
+        if self.held is not None:
+            hold(self.held, request)
         if self._order is not None:
             self._order.register(request)
         try:
@@ -129,6 +133,9 @@ class ModelVersion:
 
     def _deliver(self, request: InferRequest, outputs: Outputs | None,
                  error: Exception | None) -> None:  # fmt: skip
+        if request.held_bytes and self.held is not None:
+            self.held.give(request.held_bytes)
+            request.held_bytes = 0
         if self._order is None:
             try:
                 request.on_done(outputs, error)
@@ -312,6 +319,17 @@ class _OrderedDelivery:
                 req.on_done(outs, err)
             except Exception:  # noqa: BLE001 - see _answer_failed
                 _answer_failed(req)
+
+
+def hold(held: HeldBytes, request: InferRequest) -> None:
+    """Count a request's input bytes against the worker's --max-queued-size, or refuse it."""
+    size = input_bytes(request.inputs)
+    if not held.take(size):
+        raise InferError(
+            f"the worker holds {held.held / (1 << 20):.0f} MiB of requests not yet answered; "
+            f"{size / (1 << 20):.1f} MiB more would pass its --max-queued-size of "
+            f"{held.limit / (1 << 20):.0f} MiB: retry later", Status.UNAVAILABLE)  # fmt: skip
+    request.held_bytes = size
 
 
 def _answer_failed(request: InferRequest) -> None:

@@ -49,6 +49,8 @@ class InferRequest:
     # by a protocol that can stream them (gRPC ModelStreamInfer). `on_done` then only says the
     # request is complete (or failed).
     on_response: OnResponse | None = None
+    # input bytes counted against the worker's --max-queued-size until it is answered
+    held_bytes: int = 0
 
     def cancel(self) -> None:
         """Called from the protocol's loop when the client disconnects or cancels the call."""
@@ -56,6 +58,17 @@ class InferRequest:
 
     def batch_signature(self) -> Signature:
         return batch_signature((name, arr.shape) for name, arr in self.inputs.items())
+
+
+def input_bytes(inputs: dict[str, np.ndarray]) -> int:
+    """What a request's inputs hold: their bytes (a BYTES tensor's: its elements' lengths)."""
+    total = 0
+    for array in inputs.values():
+        if array.dtype == object:
+            total += sum(len(x) if isinstance(x, bytes | str) else 8 for x in array.flat)
+        else:
+            total += array.nbytes
+    return total
 
 
 def batch_signature(shapes: Iterable[tuple[str, tuple[int, ...]]]) -> Signature:

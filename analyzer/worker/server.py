@@ -87,6 +87,7 @@ class Worker:
             allow_file_uploads=options.allow_model_file_uploads,
             max_instance_count=options.limits.max_instance_count,
             max_total_instances=options.limits.max_total_instances,
+            max_queued_bytes=options.limits.max_queued_bytes,
             auto_complete=options.auto_complete,
             load_timeout_s=options.load_timeout_s,
         )

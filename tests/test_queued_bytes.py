@@ -1,0 +1,74 @@
+"""The bytes of requests accepted and not yet answered have a worker-wide cap (--max-queued-size):
+the connection caps bound requests in number, not in bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from serving import start_worker
+from tritonclient.utils import InferenceServerException
+
+from analyzer.worker.limits import HeldBytes
+from analyzer.worker.request import input_bytes
+
+SLOW = '''
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(1.5)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array(
+            [pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().size], dtype=np.int64))])
+            for r in requests]
+'''
+
+
+def test_the_count_of_held_bytes():
+    held = HeldBytes(100)
+    assert held.take(60) and not held.take(41) and held.take(40)
+    held.give(60)
+    assert held.held == 40 and held.take(60) and not held.take(1)
+    numbers = np.zeros((2, 3), dtype=np.float32)
+    words = np.array([b"abc", b"", b"defgh"], dtype=object)
+    assert input_bytes({"a": numbers, "b": words}) == 24 + 8
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("queued_bytes")
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW)
+    (repo / "slow" / "config.pbtxt").write_text(
+        'name: "slow" backend: "python" max_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+        'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    served = start_worker(repo, "--max-queued-size", "1MB")
+    yield served
+    served.stop()
+
+
+def _input(values: int) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("IN", [values], "FP32")
+    tensor.set_data_from_numpy(np.ones(values, dtype=np.float32))
+    return tensor
+
+
+def test_requests_past_the_cap_are_refused_until_the_held_ones_are_answered(worker):
+    """Before, pipelined requests at a slow model were held whatever their size: 64 of 64 MiB
+    per connection on 4,096 connections."""
+    quarter = 300_000 // 4  # 300 kB of FP32 each: three fit under 1 MiB, the fourth does not
+    with httpclient.InferenceServerClient(worker.http, concurrency=4) as client:
+        pending = [client.async_infer("slow", [_input(quarter)]) for _ in range(3)]
+        # the three are held while the model sleeps (one runs, two wait in its queue)
+        with pytest.raises(InferenceServerException, match="--max-queued-size") as refused:
+            client.infer("slow", [_input(quarter)])
+        assert refused.value.status() == "503"
+        assert [int(p.get_result().as_numpy("OUT")[0]) for p in pending] == [quarter] * 3
+        # all answered: their bytes are free again
+        assert int(client.infer("slow", [_input(quarter)]).as_numpy("OUT")[0]) == quarter
