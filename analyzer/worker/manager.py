@@ -220,6 +220,10 @@ class ModelManager:
         return any(isinstance(v, EnsembleVersion) and name in composing_models(v.config)
                    for v in self.loaded())  # fmt: skip
 
+    def require_explicit(self) -> None:
+        """InferError unless models may be loaded and unloaded on request."""
+        self._require_explicit()
+
     def _require_explicit(self) -> None:
         if self.control_mode != "explicit":
             raise InferError(

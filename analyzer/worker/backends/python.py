@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -141,6 +141,8 @@ class StubProcess:
         self.on_bls: Callable[[Message], None] | None = None
         # what takes a decoupled model's responses, during a call and after its reply
         self.on_response: Callable[[Message], None] | None = None
+        # what answers pb_utils.load_model / unload_model / is_model_ready (None: refused)
+        self.on_control: Callable[[Message], None] | None = None
         # whether request `serial` was cancelled by its client
         self.is_cancelled: Callable[[int], bool] | None = None
         # a reader thread (start_reader) reads every message and hands call replies over here
@@ -250,6 +252,12 @@ class StubProcess:
             self._answer_cancelled(message)
         elif op in _METRIC_OPS:
             self._metric(message)
+        elif op == "model_control":
+            if self.on_control is not None:
+                self.on_control(message)
+            else:
+                self.answer(message, {"error": "the model loading API is not supported in "
+                                               "auto_complete_config()"})  # fmt: skip
         elif op == "response" and self.on_response is not None:
             self.on_response(message)
         elif op == "response":
@@ -305,13 +313,20 @@ class StubProcess:
                 REGISTRY.release_family(handle)
         except CustomMetricError as err:
             answer = {"error": str(err)}
-        if answer is not None and "id" in message:
-            try:
-                with self.send_lock:
-                    self.conn.send({"op": "bls_reply", "id": message["id"], "plain": True,
-                                    "fd": False, **answer})  # fmt: skip
-            except OSError:
-                pass
+        if answer is not None:
+            self.answer(message, answer)
+
+    def answer(self, message: Message, fields: Message) -> None:
+        """Answer a question of the model's (`id`), from any thread; a stub that is gone is not
+        an error."""
+        if "id" not in message:
+            return
+        try:
+            with self.send_lock:
+                self.conn.send({"op": "bls_reply", "id": message["id"], "plain": True,
+                                "fd": False, **fields})  # fmt: skip
+        except OSError:
+            pass
 
     def _release_metrics(self) -> None:
         for handle in self._metrics:
@@ -413,9 +428,19 @@ def model_error(message: Any, code: Any = 1) -> InferError:
 
 
 class Models(Protocol):
-    """Where a BLS request finds its model: the worker's model manager."""
+    """Where a BLS request finds its model, and what pb_utils.load_model and the like call: the
+    worker's model manager."""
 
     def get(self, name: str, version: str = "") -> Any: ...
+
+    def load(self, name: str, config_json: str | None = None,
+             files: Mapping[str, object] | None = None) -> None: ...  # fmt: skip
+
+    def unload(self, name: str, dependents: bool = False) -> None: ...
+
+    def is_ready(self, name: str, version: str = "") -> bool: ...
+
+    def require_explicit(self) -> None: ...
 
 
 class PythonBackend(Backend):
@@ -477,6 +502,8 @@ class PythonInstance(BackendInstance):
         self.models = models
         if models is not None:
             self.stub.on_bls = self._bls
+            self.stub.on_control = self._control
+        self._finalizing = False  # the model loading API is refused from finalize(), as Triton's
         self.decoupled = source.config.model_transaction_policy.decoupled
         # what a request that names no outputs asks for: all the config's, as Triton's core
         # fills them in, so the model sees them and returns no undeclared tensor
@@ -704,6 +731,43 @@ class PythonInstance(BackendInstance):
         except Exception as err:  # a malformed request must not stop the call that sent it
             self.stub.reply_bls(number, None, InferError(f"{type(err).__name__}: {err}"))
 
+    def _control(self, message: Message) -> None:
+        """pb_utils.load_model / unload_model / is_model_ready, as Triton's: a load is answered
+        when it ends (on a thread of its own: this one reads the model's channel), an unload
+        once it has started, as TRITONSERVER_ServerUnloadModel does, so a model may unload
+        itself from execute()."""
+        models = self.models
+        assert models is not None
+        action, name = message.get("action"), message.get("model_name")
+        try:
+            if self._finalizing:
+                raise InferError("the model loading API is not supported in finalize()")
+            if not isinstance(name, str) or not name:
+                raise InferError("a model name is needed")
+            if action == "is_ready":
+                version = message.get("model_version")
+                self.stub.answer(message, {"ready": models.is_ready(
+                    name, version if isinstance(version, str) else "")})  # fmt: skip
+                return
+            models.require_explicit()
+            if action == "load":
+                config, files = message.get("config") or None, message.get("files") or None
+                if config is not None and not isinstance(config, str):
+                    raise InferError("config must be a JSON string")
+                if files is not None and not isinstance(files, dict):
+                    raise InferError("files must be a dictionary of 'file:<path>' to bytes")
+                _background(f"load of '{name}' for {self.name}", lambda: models.load(
+                    name, config, files), lambda error: self.stub.answer(message, error))
+            elif action == "unload":
+                dependents = bool(message.get("unload_dependents"))
+                _background(f"unload of '{name}' for {self.name}",
+                            lambda: models.unload(name, dependents), lambda error: None)
+                self.stub.answer(message, {})
+            else:
+                raise InferError(f"unknown model control action {action!r}")
+        except InferError as err:
+            self.stub.answer(message, {"error": str(err)})
+
     def _bls_answers(self, number: int, decoupled: bool) -> tuple[OnDone, OnResponse | None]:
         """(on_done, on_response) of a BLS request: one reply; or, for exec(decoupled=True),
         one reply per response, the last flagged final (a model that is not decoupled answers
@@ -727,6 +791,7 @@ class PythonInstance(BackendInstance):
     def finalize(self) -> None:
         """A decoupled model first gets time to finish its open requests (Triton waits for
         them too); those still open when its process ends are answered with an error."""
+        self._finalizing = True
         if self.decoupled:
             with self._open_lock:
                 if not self._open_lock.wait_for(lambda: not self._open, OPEN_REQUESTS_WAIT_S):
@@ -735,6 +800,24 @@ class PythonInstance(BackendInstance):
         self.stub.stop()
         self.inputs.close()
         self.outputs.close()
+
+
+def _background(what: str, work: Callable[[], None],
+                done: Callable[[Message], None]) -> None:
+    """Run `work` on a thread of its own, then `done({})` or `done({"error": ...})`."""
+
+    def run() -> None:
+        try:
+            work()
+        except InferError as err:
+            done({"error": str(err)})
+        except Exception as err:  # noqa: BLE001 - the model gets the sentence, the log the rest
+            log.exception("%s failed", what)
+            done({"error": f"{type(err).__name__}: {err}"})
+        else:
+            done({})
+
+    threading.Thread(target=run, name=what, daemon=True).start()
 
 
 @dataclass(slots=True)

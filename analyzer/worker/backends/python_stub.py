@@ -479,7 +479,7 @@ class BlsClient:
                 return False
             return bool(self.replies.pop(number).get("cancelled"))
 
-    def ask(self, message: Message, timeout: float = ASK_S) -> Message:
+    def ask(self, message: Message, timeout: float | None = ASK_S) -> Message:
         """A question to the worker (a custom metric's creation or value): its answer, or a
         TritonModelException when it cannot come (the worker answers a model that is not
         decoupled only while it runs one of its calls)."""
@@ -494,7 +494,7 @@ class BlsClient:
             if not arrived:
                 self.abandoned.add(number)
                 raise pb_utils.TritonModelException(
-                    f"the worker did not answer within {timeout:g} s: a model that is not "
+                    f"the worker did not answer within {timeout or 0:g} s: a model that is not "
                     "decoupled may ask it only from initialize(), execute() or finalize()")
             return self.replies.pop(number)
 
@@ -696,6 +696,7 @@ class Stub:
         self.outputs.close()
 
     def op_auto_complete(self, message: Message) -> Message:
+        pb_utils._model_dir = os.path.dirname(message["model_file"])
         cls = load_model_class(message["model_file"])
         config = pb_utils.ModelConfig(json.loads(message["config"]))
         if hasattr(cls, "auto_complete_config"):
@@ -704,6 +705,7 @@ class Stub:
         return {"config": json.dumps(config.as_dict())}
 
     def op_initialize(self, message: Message) -> Message:
+        pb_utils._model_dir = os.path.dirname(message["model_file"])
         cls = load_model_class(message["model_file"])
         self.model = cls()
         config = json.loads(message["args"]["model_config"])

@@ -531,6 +531,54 @@ def _metrics() -> Any:
     return _bls_client
 
 
+# ---- the model loading API (explicit model control mode) -------------------------------------
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) a model of the repository, as Triton's; `config` is a JSON config that
+    overrides the repository's, `files` ({"file:1/model.onnx": bytes}) the model's files (the
+    worker accepts them only with --allow-model-file-uploads). Returns when the load ended."""
+    if model_name is None or config is None:
+        raise TypeError("load_model needs a model name (and config, if given, a string)")
+    _control({"action": "load", "model_name": model_name, "config": config, "files": files},
+             f"Failed to load model '{model_name}'", None)  # fmt: skip
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Start unloading a model, as Triton's: it does not wait for the unload to end, so a
+    model may unload itself."""
+    if model_name is None:
+        raise TypeError("unload_model needs a model name")
+    _control({"action": "unload", "model_name": model_name,
+              "unload_dependents": bool(unload_dependents)},
+             f"Failed to unload model '{model_name}'")  # fmt: skip
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    if model_name is None or model_version is None:
+        raise TypeError("is_model_ready needs a model name (and a version string)")
+    reply = _control({"action": "is_ready", "model_name": model_name,
+                      "model_version": str(model_version)},
+                     f"Failed to check the readiness of model '{model_name}'")  # fmt: skip
+    return bool(reply.get("ready"))
+
+
+def _control(message: dict[str, Any], failure: str,
+             timeout: float | None = 30.0) -> dict[str, Any]:  # fmt: skip
+    if _bls_client is None:
+        raise TritonModelException("the model loading API works only in a model the worker runs")
+    reply: dict[str, Any] = _bls_client.ask({"op": "model_control", **message}, timeout)
+    if reply.get("error") is not None:
+        raise TritonModelException(f"{failure}: {reply['error']}")
+    return reply
+
+
+_model_dir = ""  # the model's version folder, set by the stub
+
+
+def get_model_dir() -> str:
+    """The folder of the model's version (where its model.py is), as Triton's."""
+    return _model_dir
+
+
 def _tell_quietly(message: dict[str, Any]) -> None:
     """A deletion from __del__: at the process's end the channel may be gone already."""
     try:
