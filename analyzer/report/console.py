@@ -70,14 +70,16 @@ class ProgressDisplay:
         self.fields: dict[str, dict[str, Any]] = {}
 
     def __enter__(self) -> ProgressDisplay:
-        self.progress.start()
-        return self
+        return self  # the bar starts with its first model: a run that fails first draws none
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if self.tasks:
+            self.progress.stop()
 
     def _task(self, model: str):
         if model not in self.tasks:
+            if not self.tasks:
+                self.progress.start()
             self.tasks[model] = self.progress.add_task(
                 "", total=None, model=model, configs=0, points=0, best="")
         return self.tasks[model]
