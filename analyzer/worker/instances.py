@@ -13,7 +13,7 @@ import time
 from typing import Protocol
 
 from analyzer.worker import sched
-from analyzer.worker.backends.base import BackendInstance, Deferred, InstanceSpec
+from analyzer.worker.backends.base import BackendInstance, Deferred, InstanceSpec, Result
 from analyzer.worker.batcher import Deliver
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest
@@ -82,6 +82,7 @@ class InstanceRunner:
         except Exception as err:  # noqa: BLE001 - the load reports it
             self.warmup_error = f"{type(err).__name__}: {err}"
         finally:
+            self.warmup = []  # its inputs are not kept for the model's lifetime
             self.warmed.set()
         if self.warmup_error is not None:
             return
@@ -140,6 +141,7 @@ class InstanceRunner:
             (failed if isinstance(result, Exception) else ok).append(request)
         self.stats.record_batch(ok, failed, timing)
         errors = [result for result in results if isinstance(result, Exception)]
+        del results  # an error's traceback holds this frame: no cycle keeps the batch alive
         return errors[0] if errors else None
 
     def abandon(self, error: InferError) -> None:
@@ -189,6 +191,13 @@ class InstanceRunner:
         except Exception:  # noqa: BLE001
             log.exception("model '%s' instance %s: recording a batch's statistics failed",
                           self.stats.name, self.spec.name)  # fmt: skip
+        self._answer(batch, results, timing)
+        # a failed batch's error holds this frame in its traceback, and the frame the results:
+        # without this the batch's tensors would wait for the cycle collector
+        del results
+
+    def _answer(self, batch: list[InferRequest], results: list[Result],
+                timing: BatchTiming) -> None:  # fmt: skip
         for request, result in zip(batch, results, strict=True):
             request.timing = timing
             if isinstance(result, Deferred):  # the instance answers it when it completes

@@ -19,6 +19,7 @@ from analyzer.worker.batcher import Scheduler
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.instances import BatchSource, InstanceRunner
 from analyzer.worker.limits import HeldBytes, Limits
+from analyzer.worker.memory import release_free_memory
 from analyzer.worker.request import InferRequest, Outputs, input_bytes
 from analyzer.worker.sequence import SequenceScheduler
 from analyzer.worker.stats import ModelStats
@@ -106,8 +107,12 @@ class ModelVersion:
                     raise ValueError(f"model '{self.name}' instance {runner.spec.name}: "
                                      f"{runner.warmup_error}")  # fmt: skip
         except BaseException:
+            samples = []  # the warm-up's inputs go before the trim, not with the traceback
             self.unload(join_timeout_s=0.0 if timed_out else None)
             raise
+        if samples:
+            samples = []
+            release_free_memory()  # the warm-up's inputs and activations
 
     def submit(self, request: InferRequest, checked: bool = False) -> None:
         """Queue a valid request; once queued (or refused by the queue) it is answered once.
@@ -168,6 +173,7 @@ class ModelVersion:
             except Exception as err:  # finalize errors must not stop the others
                 log.warning("finalize of %s failed: %s", runner.spec.name, err)
         self.runners.clear()
+        release_free_memory()  # its tensors' pages go back to the system, not to the heap
 
     @property
     def pending(self) -> int:

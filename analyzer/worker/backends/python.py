@@ -576,6 +576,8 @@ class PythonInstance(BackendInstance):
             if self.decoupled:  # the runner answers the batch with the error
                 self._unregister(serials)
             raise
+        finally:
+            self._batch = []  # asked about during the call only; its tensors are not kept
         if self.decoupled:
             timing.compute_input_ns = t1 - t0
             timing.compute_infer_ns = time.perf_counter_ns() - t1
