@@ -48,6 +48,15 @@ class Served:
         return self.process.returncode
 
 
+def python_models(repo: Path, models: dict[str, str], config: str) -> None:
+    """One python model folder per name: version 1's model.py, and a config.pbtxt of `config`
+    after `name: "<name>" backend: "python"`."""
+    for name, code in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(code)
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}" backend: "python" {config}')
+
+
 def free_port() -> int:
     """A port free now on 127.0.0.1, for a server that takes its port from its config (MA's).
 

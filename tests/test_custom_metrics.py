@@ -9,7 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from serving import start_worker
+from serving import python_models, start_worker
 from tritonclient.utils import InferenceServerException
 
 from analyzer.worker.custom_metrics import MAX_FAMILIES, CustomMetricError, CustomMetrics
@@ -141,13 +141,10 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("custom_metrics")
-    for name, code in (("counted", MODEL), ("clash", CLASH)):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(code)
-        (repo / name / "config.pbtxt").write_text(
-            f'name: "{name}" backend: "python" max_batch_size: 0\n'
-            'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-            'output [ { name: "OUT" data_type: TYPE_FP64 dims: [ 1 ] } ]\n')
+    python_models(repo, {"counted": MODEL, "clash": CLASH},
+                  'max_batch_size: 0\n'
+                  'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_FP64 dims: [ 1 ] } ]\n')
     served = start_worker(repo, "--model-control-mode", "explicit", "--load-model", "counted")
     yield served
     served.stop()

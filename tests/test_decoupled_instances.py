@@ -8,7 +8,7 @@ import queue
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from serving import start_worker
+from serving import python_models, start_worker
 
 IO = ('input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
       'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
@@ -113,12 +113,8 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("decoupled_instances")
-    for name, code in (("overlap", OVERLAP), ("dies", DIES), ("slow", SLOW)):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(code)
-        (repo / name / "config.pbtxt").write_text(
-            f'name: "{name}" backend: "python" max_batch_size: 0\n'
-            'model_transaction_policy { decoupled: true }\n' + IO)
+    python_models(repo, {"overlap": OVERLAP, "dies": DIES, "slow": SLOW},
+                  'max_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n' + IO)
     served = start_worker(repo, "--model-control-mode", "explicit", "--load-model", "*")
     yield served
     served.stop()

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from serving import start_worker
+from serving import python_models, start_worker
 from tritonclient.utils import InferenceServerException
 
 DOUBLE = '''
@@ -82,13 +82,10 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("model_control_api")
-    for name, code in (("double", DOUBLE), ("loader", LOADER), ("selfish", SELFISH)):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(code)
-        (repo / name / "config.pbtxt").write_text(
-            f'name: "{name}" backend: "python" max_batch_size: 0\n'
-            'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-            'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    python_models(repo, {"double": DOUBLE, "loader": LOADER, "selfish": SELFISH},
+                  'max_batch_size: 0\n'
+                  'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
     served = start_worker(repo, "--model-control-mode", "explicit",
                           "--load-model", "loader", "--load-model", "selfish")  # fmt: skip
     yield served

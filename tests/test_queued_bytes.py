@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from serving import start_worker
+from serving import python_models, start_worker
 from tritonclient.utils import InferenceServerException
 
 from analyzer.worker.limits import HeldBytes
@@ -41,13 +41,11 @@ def test_the_count_of_held_bytes():
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("queued_bytes")
-    (repo / "slow" / "1").mkdir(parents=True)
-    (repo / "slow" / "1" / "model.py").write_text(SLOW)
-    (repo / "slow" / "config.pbtxt").write_text(
-        'name: "slow" backend: "python" max_batch_size: 0\n'
-        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
-        'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    python_models(repo, {"slow": SLOW},
+                  'max_batch_size: 0\n'
+                  'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+                  'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
     served = start_worker(repo, "--max-queued-size", "1MB")
     yield served
     served.stop()

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import tritonclient.http as httpclient
-from serving import start_worker
+from serving import python_models, start_worker
 from tritonclient.utils import InferenceServerException
 
 REFUSES = '''
@@ -31,15 +31,13 @@ def test_failed_loads_do_not_grow_the_worker(tmp_path):
     """Each failed load of a model with 64 MiB of random warm-up data left 64 MiB more in the
     worker (measured 42 -> 559 MiB over five loads of 100 MiB): the python instance kept its
     last batch, and an error's traceback kept the batch's frame, until after the unload."""
-    (tmp_path / "refuses" / "1").mkdir(parents=True)
-    (tmp_path / "refuses" / "1" / "model.py").write_text(REFUSES)
-    (tmp_path / "refuses" / "config.pbtxt").write_text(
-        'name: "refuses" backend: "python" max_batch_size: 1\n'
-        f'input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ {ELEMENTS} ] }} ]\n'
-        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
-        'model_warmup [ { name: "w" batch_size: 1 inputs { key: "IN" value: { '
-        f'data_type: TYPE_FP32 dims: [ {ELEMENTS} ] random_data: true }} }} }} ]\n')
+    python_models(tmp_path, {"refuses": REFUSES},
+                  'max_batch_size: 1\n'
+                  f'input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ {ELEMENTS} ] }} ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                  'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
+                  'model_warmup [ { name: "w" batch_size: 1 inputs { key: "IN" value: { '
+                  f'data_type: TYPE_FP32 dims: [ {ELEMENTS} ] random_data: true }} }} }} ]\n')
     served = start_worker(tmp_path, "--model-control-mode", "explicit")
     try:
         with httpclient.InferenceServerClient(served.http, network_timeout=300) as client:
