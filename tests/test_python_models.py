@@ -393,3 +393,20 @@ def test_a_models_log_lines_follow_the_workers_log_flags_and_file(tmp_path, flag
     assert found == shown, text
     assert "WARNING python model: model-warning" in text
     assert "model-warning" not in "".join(served.output)  # the file, not stderr
+
+
+def test_tensors_cross_dlpack_both_ways():
+    """torch.from_dlpack(pb_tensor) needs the protocol's __dlpack__ (it raised AttributeError);
+    from_dlpack takes a torch tensor or a capsule, sharing host memory."""
+    import torch
+
+    from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb
+
+    tensor = pb.Tensor("X", np.arange(6, dtype=np.float32).reshape(2, 3))
+    shared = torch.from_dlpack(tensor)
+    shared[0, 0] = 42.0
+    assert tensor.as_numpy()[0, 0] == 42.0 and list(shared.shape) == [2, 3]
+    back = pb.Tensor.from_dlpack("Y", torch.ones(4, dtype=torch.int64))
+    assert back.as_numpy().tolist() == [1, 1, 1, 1] and back.triton_dtype() == 9  # TYPE_INT64
+    capsule = pb.Tensor.from_dlpack("Z", torch.utils.dlpack.to_dlpack(torch.zeros(2)))
+    assert capsule.as_numpy().tolist() == [0.0, 0.0]

@@ -159,9 +159,20 @@ class Tensor:
     def to_dlpack(self) -> Any:
         return self._array.__dlpack__()
 
+    def __dlpack__(self, stream: Any = None) -> Any:
+        """The DLPack protocol, so that torch.from_dlpack(tensor) reads it without a copy."""
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU: the worker's tensors are host memory
+
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
-        if hasattr(dlpack_tensor, "__dlpack__"):
+        """A tensor from any DLPack producer. Host memory is shared; a GPU tensor (a model's
+        torch CUDA output, as Triton's GPU models return them) is copied to host memory, where
+        the worker's tensors live."""
+        device = getattr(dlpack_tensor, "__dlpack_device__", None)
+        if device is not None and device()[0] == 1:  # kDLCPU
             return Tensor(name, np.from_dlpack(dlpack_tensor))
         import torch.utils.dlpack
 
