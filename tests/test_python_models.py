@@ -410,3 +410,18 @@ def test_tensors_cross_dlpack_both_ways():
     assert back.as_numpy().tolist() == [1, 1, 1, 1] and back.triton_dtype() == 9  # TYPE_INT64
     capsule = pb.Tensor.from_dlpack("Z", torch.utils.dlpack.to_dlpack(torch.zeros(2)))
     assert capsule.as_numpy().tolist() == [0.0, 0.0]
+
+
+def test_a_bls_request_may_name_its_preferred_memory():
+    """pb_utils.PreferredMemory and the TRITONSERVER_MEMORY_* names did not exist: a model that
+    builds its BLS requests as Triton's README shows failed with an AttributeError."""
+    from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb
+
+    request = pb.InferenceRequest(
+        model_name="add_sub", requested_output_names=["OUTPUT0"],
+        inputs=[pb.Tensor("INPUT0", np.zeros(4, dtype=np.float32))],
+        preferred_memory=pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0))
+    assert [t.name() for t in request.inputs()] == ["INPUT0"]
+    memory = pb.PreferredMemory(pb.TRITONSERVER_MEMORY_GPU)
+    assert memory.preferred_memory_type == pb.MemoryType.TRITONSERVER_MEMORY_GPU
+    assert memory.preferred_device_id == 0

@@ -230,6 +230,26 @@ class InferenceResponseSender:
         return self._cancelled() if self._cancelled is not None else False
 
 
+class MemoryType(IntEnum):
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """Where a BLS request would like its outputs (InferenceRequest(preferred_memory=...)).
+    Accepted as in Triton; the worker's tensors are host memory, so outputs come back there."""
+
+    def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
+        if preferred_memory_type is None or preferred_device_id is None:
+            raise TypeError("PreferredMemory needs a memory type and a device id")
+        self.preferred_memory_type = MemoryType(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
+
+
 class InferenceRequest:
     """A request handed to execute(); constructed by a model it is a BLS request."""
 
