@@ -27,6 +27,7 @@ from analyzer.worker.grpc_messages import (
     encode_outputs,
     load_params,
     param_value,
+    set_parameters,
     tensor_region,
 )
 from analyzer.worker.grpc_stream import answer_stream
@@ -35,7 +36,13 @@ from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager, Served
 from analyzer.worker.names import check_model_name
 from analyzer.worker.params import natural_param, sequence_flags, sequence_param
-from analyzer.worker.request import InferRequest, OnDone, OnResponse, Outputs
+from analyzer.worker.request import (
+    InferRequest,
+    OnDone,
+    OnResponse,
+    Outputs,
+    response_parameters,
+)
 from analyzer.worker.restrict import Restrictions
 from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry
 from analyzer.worker.validate import check_once
@@ -337,6 +344,12 @@ class InferenceService:
         """
         if request_id is None:
             request_id = request.id
+        parameters = response_parameters(outputs)
+        if parameters:  # the model's response parameters: no head to keep per layout
+            response = self.encode(model, request_id, outputs, list(
+                requested if requested is not None else (o.name for o in request.outputs)) or None)
+            set_parameters(response.parameters, parameters)
+            return [response.SerializeToString()]
         if requested is None:  # the general path (a kept layout never has output parameters)
             requested = tuple(o.name for o in request.outputs)
             if any(o.parameters for o in request.outputs):  # outputs into shared memory, maybe

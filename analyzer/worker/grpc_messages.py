@@ -64,6 +64,17 @@ class MalformedRequest(InferError):
         self.detail = detail
 
 
+def set_parameters(field: Any, parameters: dict[str, Any]) -> None:
+    """A protobuf `map<string, InferParameter>` filled from bool / int / str values."""
+    for key, value in parameters.items():
+        if isinstance(value, bool):
+            field[key].bool_param = value
+        elif isinstance(value, int):
+            field[key].int64_param = value
+        else:
+            field[key].string_param = str(value)
+
+
 def stream_error(request_id: str, model_name: str, message: str) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(
         error_message=message,

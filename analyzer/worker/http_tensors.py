@@ -33,7 +33,7 @@ from analyzer.worker.params import (
     sequence_param,
     show_value,
 )
-from analyzer.worker.request import Outputs, Signature, batch_signature
+from analyzer.worker.request import Outputs, Signature, batch_signature, response_parameters
 from analyzer.worker.shm import SharedMemoryRegistry, region_params
 
 if TYPE_CHECKING:
@@ -290,6 +290,9 @@ def _encode_outputs(
     key: tuple[Any, ...] | None = None
     sent: list[tuple[str, str]]
     blobs: list[bytes | memoryview]
+    parameters = response_parameters(outputs)
+    if parameters:  # the head carries them: not one to keep per layout
+        heads = None
     if heads is not None:
         key = (model.name, model.version, *((n, a.dtype, a.shape) for n, a in outputs.items()))
         cached = heads.get(key)
@@ -340,6 +343,8 @@ def _encode_outputs(
     }
     if request_id:
         header["id"] = request_id
+    if parameters:
+        header["parameters"] = parameters
     head = json.dumps(header, separators=(",", ":")).encode()
     if not blobs:
         return HttpResponse(200, [head])

@@ -11,6 +11,23 @@ import numpy as np
 # a request's non-batch shapes: (input name, shape[1:]) per input, in order
 Signature = tuple[tuple[str, tuple[int, ...]], ...]
 Outputs = dict[str, np.ndarray]
+# a response parameter's value, as the protocols carry them (bool, int64, string)
+Parameter = bool | int | str
+
+
+class Answer(dict[str, np.ndarray]):
+    """Outputs that come with response parameters (a python model's InferenceResponse(
+    parameters=...)); the protocols send them in the response's `parameters`."""
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, outputs: Outputs, parameters: dict[str, Parameter]) -> None:
+        super().__init__(outputs)
+        self.parameters = parameters
+
+
+def response_parameters(outputs: Outputs) -> dict[str, Parameter] | None:
+    return outputs.parameters if type(outputs) is Answer else None
 # the answer's hand-over: (outputs, None) or (None, error), once
 OnDone = Callable[[Outputs | None, Exception | None], None]
 # a decoupled model's response, as it is sent: (outputs or None, error, final)

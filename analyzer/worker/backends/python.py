@@ -52,7 +52,15 @@ from analyzer.worker.backends.python_stub import (
 )
 from analyzer.worker.custom_metrics import REGISTRY, CustomMetricError
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.request import BatchTiming, InferRequest, OnDone, OnResponse, Outputs
+from analyzer.worker.request import (
+    Answer,
+    BatchTiming,
+    InferRequest,
+    OnDone,
+    OnResponse,
+    Outputs,
+    response_parameters,
+)
 
 log = logging.getLogger(__name__)
 FINALIZE_TIMEOUT_S = 10  # a model's finalize() gets this long before its process is killed
@@ -353,6 +361,9 @@ class StubProcess:
                 fields, fd = pack_tensors(list(outputs.items()))
             except (ShmSpaceError, OSError, ValueError) as err:
                 fields, fd, error = {}, None, InferError(f"BLS outputs cannot be sent: {err}")
+            params = response_parameters(outputs)
+            if params:
+                fields["params"] = params
         else:
             fields, fd = {}, None
         message = {"op": "bls_reply", "id": number, "fd": fd is not None, "final": final,
@@ -600,6 +611,11 @@ class PythonInstance(BackendInstance):
                 name: read_tensor(self.outputs, wire, shape, offset, size).copy()
                 for name, wire, shape, offset, size in outputs
             })  # fmt: skip
+        if "params" in reply:  # InferenceResponse(parameters=...): sent with the outputs
+            for index, params in enumerate(reply["params"]):
+                result = results[index]
+                if params and isinstance(result, dict):
+                    results[index] = Answer(result, params)
         t3 = time.perf_counter_ns()
         timing.compute_input_ns = t1 - t0
         timing.compute_infer_ns = t2 - t1
@@ -658,6 +674,8 @@ class PythonInstance(BackendInstance):
             except (OSError, ValueError) as err:
                 error = InferError(f"{self.name}: a response cannot be read: {err}",
                                    Status.INTERNAL)  # fmt: skip
+            if outputs is not None and message.get("params"):
+                outputs = Answer(outputs, message["params"])
         final = bool(message.get("final"))
         # under the lock: the runner's own answer (on_done) of a request that ended during its
         # call must not overtake that request's last response

@@ -637,7 +637,8 @@ def _response(reply: Message) -> pb_utils.InferenceResponse:
     if reply.get("error") is not None:
         return _error_response(reply["error"], reply.get("code", pb_utils.TritonError.INTERNAL))
     return pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor(n, a) for n, a in reply["arrays"].items()])
+        output_tensors=[pb_utils.Tensor(n, a) for n, a in reply["arrays"].items()],
+        parameters=reply.get("params"))
 
 
 def _seconds(request: pb_utils.InferenceRequest) -> float | None:
@@ -737,16 +738,19 @@ class Stub:
         outputs: list[list[tuple[str, np.ndarray]] | None] = []
         errors: list[str | None] = []
         codes: list[int] = []  # each error's TritonError code: the client's status
+        params: list[dict[str, Any] | None] = []  # each response's parameters, if any
         for request, response in zip(requests, responses, strict=False):
             if response is None or response.has_error():
                 err = response.error() if response is not None else None
                 errors.append(err.message() if err else "the model sent no response")
                 codes.append(_code(err))
                 outputs.append(None)
+                params.append(None)
             else:
                 errors.append(None)
                 codes.append(1)
                 outputs.append(_requested(request, response))
+                params.append(response._parameters or None)
         flat = [t for out in outputs if out for t in out]
         layout, fd = write_tensors(self.outputs, flat)
         per_request, i = [], 0
@@ -754,8 +758,11 @@ class Stub:
             n = len(out) if out else 0
             per_request.append(layout[i : i + n])
             i += n
-        return {"shm_size": self.outputs.size, "outputs": per_request, "errors": errors,
-                "codes": codes, "fd": fd}
+        reply: Message = {"shm_size": self.outputs.size, "outputs": per_request,
+                          "errors": errors, "codes": codes, "fd": fd}  # fmt: skip
+        if any(params):
+            reply["params"] = params
+        return reply
 
     def _execute_decoupled(self, requests: list[pb_utils.InferenceRequest],
                            serials: list[int]) -> Message:  # fmt: skip
@@ -793,6 +800,8 @@ class Stub:
                 code = _code(err)
             else:
                 fields, fd = pack_tensors(_requested(request, response))
+                if response._parameters:
+                    fields["params"] = response._parameters
         message = {"op": "response", "request": serial, "final": final, "error": error,
                    "code": code, "empty": response is None, "fd": fd is not None,
                    **fields}  # fmt: skip

@@ -184,7 +184,7 @@ class InferenceResponse:
                  error: TritonError | None = None, parameters: Any = None) -> None:  # fmt: skip
         self._outputs = list(output_tensors or [])
         self._error = error
-        self._parameters = parameters or {}
+        self._parameters: dict[str, bool | int | str] = _response_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -194,6 +194,30 @@ class InferenceResponse:
 
     def error(self) -> TritonError | None:
         return self._error
+
+    def parameters(self) -> str:
+        """The response's parameters as a JSON object, as Triton's (they reach the client in
+        the response's `parameters`)."""
+        return json.dumps(self._parameters)
+
+
+def _response_parameters(parameters: Any) -> dict[str, bool | int | str]:
+    """Triton's rule: a dict of str keys to bool, int or str values."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect parameters to be a dict, found type "
+                                   f"{type(parameters).__name__}")  # fmt: skip
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key).__name__}")
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException("Expect parameters values to have type bool/int/str, "
+                                       f"found type {type(value).__name__}")  # fmt: skip
+        if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
+            raise TritonModelException(f"parameter '{key}': {value} does not fit in an int64")
+    return dict(parameters)
 
 
 class InferenceResponseSender:
