@@ -408,13 +408,13 @@ class StubProcess:
                 log.warning("%s (pid %d) did not exit after SIGKILL", self.label, self.process.pid)
         with _live_lock:
             _live.discard(self)
-        self._release_metrics()  # the model's process is gone: so are its metrics
         if self._reader is not None:  # it ends at the channel's end; then its fds may close
             try:
                 self.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             self._reader.join(FINALIZE_TIMEOUT_S)
+        self._release_metrics()  # the model's process is gone, its messages read: so are they
         if self.lock.acquire(timeout=_LOCK_WAIT_S):  # no call is inside recv on these fds
             try:
                 self.conn.close()
