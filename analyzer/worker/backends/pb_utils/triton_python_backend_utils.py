@@ -24,6 +24,8 @@ from numpy.typing import DTypeLike
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 _TRITON_TO_NUMPY: dict[str, Any] = {
     "TYPE_BOOL": np.bool_,
@@ -332,6 +334,13 @@ class InferenceRequest:
         if self._sender is None:
             self._sender = InferenceResponseSender(self._emit, self._ask_cancelled)
         return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        """Request rescheduling needs sequence_batching.iterative_sequence, which the worker
+        refuses at load; releasing a request as usual (RELEASE_ALL) is what happens anyway."""
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException("request rescheduling (TRITONSERVER_REQUEST_RELEASE_"
+                                       "RESCHEDULE) is not supported by this worker")  # fmt: skip
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled this request (see InferenceResponseSender)."""
