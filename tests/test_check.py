@@ -68,6 +68,15 @@ def broken(tmp_path: Path) -> Path:
                   + 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
                   + "instance_group [ { kind: KIND_GPU } ]\n")  # fmt: skip
     _python_model(repo, "no_io", PY_CONFIG.format(name="no_io"))
+    _python_model(repo, "future", PY_CONFIG.format(name="future")
+                  + 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                  + 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+                  "import triton_python_backend_utils as pb\n"
+                  "from triton_python_backend_utils import Tensor, get_model_dir\n\n"
+                  "class TritonPythonModel:\n"
+                  "    def execute(self, requests):\n"
+                  "        pb.InferenceResponse(parameters={})\n"
+                  "        return pb.teleport(requests)\n")  # fmt: skip
     _python_model(repo, "completes", PY_CONFIG.format(name="completes"), PY + (
         "    @staticmethod\n    def auto_complete_config(config):\n        return config\n"))
     _write(repo / "nofile" / "config.pbtxt", PY_CONFIG.format(name="nofile"))
@@ -127,6 +136,8 @@ def test_every_broken_case_is_one_line_with_its_fix(broken: Path):
         "nofile/1/model.py: is missing (python's model file)",
         "badpy/1/model.py, line 1: does not compile",
         "twice/config.pbtxt: input 'X' is declared 2 times",
+        "future/1/model.py, line 7: uses triton_python_backend_utils.teleport, which "
+        "this worker's triton_python_backend_utils does not provide",
         "no_io/config.pbtxt: the config lists no inputs and no outputs, and model.py's "
         "TritonPythonModel has no auto_complete_config to add them; declare the model's inputs "
         "and outputs in no_io/config.pbtxt, or add auto_complete_config to TritonPythonModel",
@@ -151,6 +162,7 @@ def test_every_broken_case_is_one_line_with_its_fix(broken: Path):
         assert line in text, f"missing: {line}\n---\n{text}"
     assert "gpu/config.pbtxt: instance_group[0] is KIND_GPU and this host has no GPU" in text
     assert "completes/" not in text  # its auto_complete_config may add them (the load says)
+    assert text.count("future/1/model.py") == 1  # Tensor, get_model_dir, InferenceResponse: here
     report = json.loads(_lines(broken, "--json").stdout)
     assert report["ok"] is False
     assert {f["severity"] for f in report["findings"]} == {"error", "warning"}

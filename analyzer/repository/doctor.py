@@ -325,6 +325,7 @@ class _ModelCheck:
             self.add(path, f"cannot be read as Python: {err}", "save it as UTF-8 Python source")
         else:
             self._python_io(config, path, tree)
+            self._python_api(path, tree)
 
     def _python_io(self, config: ModelConfig, path: Path, tree: ast.AST) -> None:
         """A python model whose config lists no inputs or outputs needs auto_complete_config to
@@ -344,6 +345,31 @@ class _ModelCheck:
                  "TritonPythonModel has no auto_complete_config to add them",
                  f"declare the model's {' and '.join(missing)} in {self.name}/{CONFIG_FILE}, or "
                  "add auto_complete_config to TritonPythonModel")  # fmt: skip
+
+    def _python_api(self, path: Path, tree: ast.AST) -> None:
+        """A name of triton_python_backend_utils that the worker's does not provide: the model
+        would meet an AttributeError (or an ImportError) where it uses it, mid-profile."""
+        provided = _pb_utils_names()
+        aliases: set[str] = set()
+        used: dict[str, int] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                aliases.update(alias.asname or alias.name for alias in node.names
+                               if alias.name == _PB_UTILS)  # fmt: skip
+            elif isinstance(node, ast.ImportFrom) and node.module == _PB_UTILS:
+                for alias in node.names:
+                    if alias.name != "*":
+                        used.setdefault(alias.name, node.lineno)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in aliases:  # fmt: skip
+                used.setdefault(node.attr, node.lineno)
+        for name, line in sorted(used.items(), key=lambda item: item[1]):
+            if name not in provided:
+                self.add(f"{path}, line {line}", f"uses {_PB_UTILS}.{name}, which this worker's "
+                         f"{_PB_UTILS} does not provide",
+                         "the model fails where it reaches that line; see the README's python "
+                         "models section for what is provided", "warning")  # fmt: skip
 
     def _onnx(self, config: ModelConfig, path: Path) -> None:
         try:
@@ -511,6 +537,16 @@ class _ModelCheck:
             if output.name not in available:
                 self.add(self.config_path, f"ensemble output '{output.name}' is produced by no "
                          "step", "name it as a step's output_map value")  # fmt: skip
+
+
+_PB_UTILS = "triton_python_backend_utils"
+
+
+def _pb_utils_names() -> set[str]:
+    """The public names of the triton_python_backend_utils that python models get here."""
+    from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb_utils
+
+    return {name for name in dir(pb_utils) if not name.startswith("_")}
 
 
 def _type_name(data_type: int) -> str:
