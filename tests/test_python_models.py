@@ -425,3 +425,16 @@ def test_a_bls_request_may_name_its_preferred_memory():
     memory = pb.PreferredMemory(pb.TRITONSERVER_MEMORY_GPU)
     assert memory.preferred_memory_type == pb.MemoryType.TRITONSERVER_MEMORY_GPU
     assert memory.preferred_device_id == 0
+
+
+def test_a_request_has_tritons_set_flags_and_trace():
+    """set_flags and trace() did not exist (a model passing its request's trace on to a BLS
+    request, as Triton's docs show, failed with an AttributeError)."""
+    from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb
+
+    request = pb.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+    request.set_flags(pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+    assert request.flags() == 1
+    bls = pb.InferenceRequest(model_name="n", inputs=[], requested_output_names=[],
+                              trace=request.trace())  # fmt: skip
+    assert bls.trace().get_context() is None

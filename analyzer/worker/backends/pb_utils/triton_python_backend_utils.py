@@ -256,6 +256,14 @@ class InferenceResponseSender:
         return self._cancelled() if self._cancelled is not None else False
 
 
+class InferenceTrace:
+    """Triton's trace handle of a request (a BLS request may pass its caller's on, as
+    `InferenceRequest(trace=request.trace())`); the worker does not trace, so no context."""
+
+    def get_context(self) -> str | None:
+        return None
+
+
 class MemoryType(IntEnum):
     TRITONSERVER_MEMORY_GPU = 0
     TRITONSERVER_MEMORY_CPU = 1
@@ -334,6 +342,14 @@ class InferenceRequest:
         if self._sender is None:
             self._sender = InferenceResponseSender(self._emit, self._ask_cancelled)
         return self._sender
+
+    def set_flags(self, flags: int) -> None:
+        """A BLS request's flags (sequence start/end), set after construction."""
+        self._flags = int(flags)
+
+    def trace(self) -> InferenceTrace:
+        """The request's trace: the worker traces no request, so its context is None."""
+        return InferenceTrace()
 
     def set_release_flags(self, flags: int) -> None:
         """Request rescheduling needs sequence_batching.iterative_sequence, which the worker
