@@ -438,3 +438,34 @@ def test_a_request_has_tritons_set_flags_and_trace():
     bls = pb.InferenceRequest(model_name="n", inputs=[], requested_output_names=[],
                               trace=request.trace())  # fmt: skip
     assert bls.trace().get_context() is None
+
+
+def test_is_cancelled_asks_the_worker_only_while_the_request_is_open():
+    """A request kept by a model that is not decoupled was asked about by its index in the call:
+    asked during a later call, the worker answered about that call's request; asked between
+    calls, the question waited 5 s for a reader. Serials now outlive calls, and a request asked
+    after its call is answered at once, in the model's process: not cancelled."""
+    import os
+    import socket
+    import threading
+    from multiprocessing.connection import Connection
+
+    from analyzer.worker.backends.python_stub import Stub
+
+    ours, theirs = socket.socketpair()
+    stub = Stub(Connection(os.dup(ours.fileno())), ours)
+    worker = Connection(os.dup(theirs.fileno()))
+    stub.calling = range(5, 7)
+    assert stub._is_cancelled(3) is False and not worker.poll(0.2)  # asked nothing
+
+    def answer():
+        question = worker.recv()
+        assert question["op"] == "is_cancelled" and question["request"] == 6
+        worker.send({"op": "bls_reply", "id": question["id"], "cancelled": True, "fd": False})
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    assert stub._is_cancelled(6) is True
+    thread.join(10)
+    for end in (stub.conn, worker, ours, theirs):
+        end.close()

@@ -523,6 +523,8 @@ class PythonInstance(BackendInstance):
         # model a number of its own, since its requests outlive the call
         self._batch: list[InferRequest] = []  # the call's requests (not decoupled)
         self._serials = itertools.count()
+        self._next_serial = 0  # a model that is not decoupled: the next call's first serial
+        self._base = 0  # and the current call's
         self._open: dict[int, _OpenRequest] = {}  # a decoupled model's requests not yet final
         self._open_lock = threading.Condition()
         if self.decoupled:
@@ -563,8 +565,12 @@ class PythonInstance(BackendInstance):
         except ShmSpaceError as err:
             raise InferError(f"{self.name}: {err}", Status.UNAVAILABLE) from None
         specs, i = [], 0
-        serials: Sequence[int] = (self._register(requests) if self.decoupled
-                                  else range(len(requests)))  # fmt: skip
+        if self.decoupled:
+            serials: Sequence[int] = self._register(requests)
+        else:  # numbered on from the last call's: a request kept past its call is not another's
+            base = self._base = self._next_serial
+            self._next_serial = base + len(requests)
+            serials = range(base, base + len(requests))
         for r, serial in zip(requests, serials, strict=True):
             n = len(r.inputs)
             specs.append({
@@ -657,8 +663,8 @@ class PythonInstance(BackendInstance):
         if self.decoupled:
             entry = self._open.get(serial)
             return entry is not None and entry.request.cancelled
-        batch = self._batch
-        return 0 <= serial < len(batch) and batch[serial].cancelled
+        batch, index = self._batch, serial - self._base
+        return 0 <= index < len(batch) and batch[index].cancelled
 
     def _response(self, message: Message) -> None:
         """One response of a decoupled model, handed to its request's stream at once (on the

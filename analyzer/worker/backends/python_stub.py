@@ -666,6 +666,7 @@ class Stub:
         # its threads may send while execute() runs or after it returned
         self.send_lock = threading.Lock()
         self.decoupled = False
+        self.calling = range(0)  # the serials of the call in progress (not decoupled)
         # a decoupled model's requests (by serial) that have not sent their final flag; they
         # outlive their call: the worker sends the next call once execute() returns
         self.open: set[int] = set()
@@ -725,9 +726,25 @@ class Stub:
         specs = message["requests"]
         requests = [self._request(r) for r in specs]
         for spec, request in zip(specs, requests, strict=True):
-            request._ask_cancelled = lambda n=spec["serial"]: self.bls.ask_cancelled(n)
+            request._ask_cancelled = lambda n=spec["serial"]: self._is_cancelled(n)
         if self.decoupled:
             return self._execute_decoupled(requests, [spec["serial"] for spec in specs])
+        if specs:
+            self.calling = range(specs[0]["serial"], specs[-1]["serial"] + 1)
+        try:
+            return self._execute(requests)
+        finally:
+            self.calling = range(0)
+
+    def _is_cancelled(self, serial: int) -> bool:
+        """request.is_cancelled(): the worker knows, while the request is open. A request of a
+        model that is not decoupled is open during its call only: asked later, it was answered
+        already, so not cancelled (the worker would not read the question until the next call)."""
+        if not self.decoupled and serial not in self.calling:
+            return False
+        return self.bls.ask_cancelled(serial)
+
+    def _execute(self, requests: list[pb_utils.InferenceRequest]) -> Message:
         result = self.model.execute(requests)
         if inspect.isawaitable(result):  # async def execute (BLS with async_exec)
             try:
