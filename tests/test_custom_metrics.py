@@ -187,3 +187,49 @@ def test_a_models_metrics_are_served_with_the_workers(worker):
         assert "requests_seen" not in text and "input_value" not in text
         client.load_model("clash")  # the name is free again
         assert client.is_model_ready("clash")
+
+
+DELETES = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Each request makes a metric with a label of its value and drops it; the last one made
+    is kept. Dropped metrics leave the scrape (their deletion goes with the call's answer)."""
+
+    def initialize(self, args):
+        self.family = pb_utils.MetricFamily("kept_or_not", "Series made per request",
+                                            pb_utils.MetricFamily.GAUGE)
+        self.kept = None
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            value = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            metric = self.family.Metric(labels={"n": str(value)})
+            metric.set(value)
+            self.kept = metric  # the previous one is deleted here
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", np.array([value], dtype=np.float64))]))
+        return out
+'''
+
+
+def test_a_dropped_metric_leaves_the_scrape(tmp_path):
+    python_models(tmp_path, {"deletes": DELETES},
+                  'max_batch_size: 0\n'
+                  'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_FP64 dims: [ 1 ] } ]\n')
+    served = start_worker(tmp_path)
+    try:
+        with httpclient.InferenceServerClient(served.http) as client:
+            for value in (1, 2, 3):
+                tensor = httpclient.InferInput("IN", [1], "FP32")
+                tensor.set_data_from_numpy(np.array([value], dtype=np.float32))
+                client.infer("deletes", [tensor])
+        text = _scrape(served)
+    finally:
+        served.stop()
+    assert 'kept_or_not{n="3"} 3\n' in text
+    assert 'kept_or_not{n="1"}' not in text and 'kept_or_not{n="2"}' not in text

@@ -319,6 +319,7 @@ class BlsClient:
         # async_exec() calls waiting: their future and its loop
         self.futures: dict[int, tuple[asyncio.Future[Message], asyncio.AbstractEventLoop]] = {}
         self.abandoned: set[int] = set()  # timed out or cancelled: their late replies are dropped
+        self.later: deque[Message] = deque()  # sent with the next message (tell_later)
         self.streams: dict[int, deque[Message]] = {}  # exec(decoupled=True): responses so far
         self.loop: asyncio.AbstractEventLoop | None = None  # watching the channel, when async
 
@@ -485,6 +486,7 @@ class BlsClient:
         decoupled only while it runs one of its calls)."""
         number = next(self.ids)
         with self.send_lock:
+            self.send_later()
             self.conn.send({**message, "id": number, "fd": False})
         try:
             arrived = self.wait_until(lambda: number in self.replies, timeout)
@@ -499,9 +501,21 @@ class BlsClient:
             return self.replies.pop(number)
 
     def tell(self, message: Message) -> None:
-        """A message that needs no answer (a metric's update or deletion)."""
+        """A message that needs no answer (a metric's update)."""
         with self.send_lock:
+            self.send_later()
             self.conn.send({**message, "fd": False})
+
+    def tell_later(self, message: Message) -> None:
+        """A message from a finalizer (a metric's deletion): the garbage collector may run it
+        inside a send on this very thread, so it waits for the next send instead of taking the
+        send lock (which is not reentrant)."""
+        self.later.append({**message, "fd": False})
+
+    def send_later(self) -> None:
+        """(With the send lock held.) What finalizers left to send."""
+        while self.later:
+            self.conn.send(self.later.popleft())
 
     def send(self, request: pb_utils.InferenceRequest, decoupled: bool = False) -> int:
         number = next(self.ids)
@@ -691,6 +705,7 @@ class Stub:
             except Exception as err:
                 reply = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
             with self.send_lock:
+                self.bls.send_later()  # metrics deleted during the call: before its reply
                 self.conn.send(reply)
                 send_fd(self.sock, fd)
             if op == "finalize":

@@ -660,12 +660,10 @@ def get_model_dir() -> str:
 
 
 def _tell_quietly(message: dict[str, Any]) -> None:
-    """A deletion from __del__: at the process's end the channel may be gone already."""
-    try:
-        if _bls_client is not None:
-            _bls_client.tell(message)
-    except Exception:  # noqa: BLE001, S110 - the worker releases a model's metrics when it ends
-        pass
+    """A deletion from __del__, sent with the channel's next message (see tell_later); the
+    worker releases whatever a model's process still holds when it ends."""
+    if _bls_client is not None:
+        _bls_client.tell_later(message)
 
 
 class ModelConfig:
