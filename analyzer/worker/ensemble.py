@@ -83,9 +83,7 @@ class EnsembleVersion:
         with self._lock:
             if self._closed:
                 raise InferError(f"model '{self.name}' was unloaded", Status.UNAVAILABLE)
-        from analyzer.worker.model import hold
-
-        hold(self.manager.held, request)  # its steps' requests are counted too, in their models
+        self.manager.held.admit(request)  # its steps' requests are counted too, in their models
         with self._lock:
             self._running += 1
         _Run(self, request).advance(None)
@@ -99,9 +97,7 @@ class EnsembleVersion:
             self.stats.record_failure(request)
         with self._lock:
             self._running -= 1
-        if request.held_bytes:
-            self.manager.held.give(request.held_bytes)
-            request.held_bytes = 0
+        self.manager.held.release(request)
         request.on_done(outputs, error)
 
     def unload(self) -> None:

@@ -346,8 +346,8 @@ class InferenceService:
             request_id = request.id
         parameters = response_parameters(outputs)
         if parameters:  # the model's response parameters: no head to keep per layout
-            response = self.encode(model, request_id, outputs, list(
-                requested if requested is not None else (o.name for o in request.outputs)) or None)
+            names = requested if requested is not None else [o.name for o in request.outputs]
+            response = self.encode(model, request_id, outputs, list(names) or None)
             set_parameters(response.parameters, parameters)
             return [response.SerializeToString()]
         if requested is None:  # the general path (a kept layout never has output parameters)

@@ -13,6 +13,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from analyzer.worker.errors import InferError, Status
+from analyzer.worker.request import InferRequest, input_bytes
+
 MIB = 1 << 20
 
 
@@ -94,6 +97,22 @@ class HeldBytes:
     def give(self, size: int) -> None:
         with self._lock:
             self.held -= size
+
+    def admit(self, request: InferRequest) -> None:
+        """Count a request's input bytes until `release`, or refuse it (503 / UNAVAILABLE)."""
+        size = input_bytes(request.inputs)
+        if not self.take(size):
+            raise InferError(
+                f"the worker holds {self.held / MIB:.0f} MiB of requests not yet answered; "
+                f"{size / MIB:.1f} MiB more would pass its --max-queued-size of "
+                f"{self.limit / MIB:.0f} MiB: retry later", Status.UNAVAILABLE)  # fmt: skip
+        request.held_bytes = size
+
+    def release(self, request: InferRequest) -> None:
+        """The request is answered: its bytes are no longer held (once, whoever calls)."""
+        if request.held_bytes:
+            self.give(request.held_bytes)
+            request.held_bytes = 0
 
 
 def size_text(size: int) -> str:

@@ -183,7 +183,7 @@ class ModelManager:
     # -- repository API -----------------------------------------------------------------------
     def load(self, name: str, config_json: str | None = None,
              files: Mapping[str, object] | None = None) -> None:  # fmt: skip
-        self._require_explicit()
+        self.require_explicit()
         check_model_name(name)  # also checked by the protocol layer; the folder depends on it
         if files and not self.allow_file_uploads:
             raise InferError(
@@ -198,7 +198,7 @@ class ModelManager:
     def unload(self, name: str, dependents: bool = False) -> None:
         """`dependents`: an ensemble's composing models are unloaded too, after it (Triton's
         `unload_dependents`)."""
-        self._require_explicit()
+        self.require_explicit()
         check_model_name(name)
         composing = self._composing(name) if dependents else []
         self._unload(name)
@@ -222,9 +222,6 @@ class ModelManager:
 
     def require_explicit(self) -> None:
         """InferError unless models may be loaded and unloaded on request."""
-        self._require_explicit()
-
-    def _require_explicit(self) -> None:
         if self.control_mode != "explicit":
             raise InferError(
                 "explicit model load / unload is not allowed if polling is enabled or "

@@ -20,7 +20,7 @@ from analyzer.worker.errors import InferError, Status
 from analyzer.worker.instances import BatchSource, InstanceRunner
 from analyzer.worker.limits import HeldBytes, Limits
 from analyzer.worker.memory import release_free_memory
-from analyzer.worker.request import InferRequest, Outputs, input_bytes
+from analyzer.worker.request import InferRequest, Outputs
 from analyzer.worker.sequence import SequenceScheduler
 from analyzer.worker.stats import ModelStats
 from analyzer.worker.validate import RequestValidator
@@ -130,7 +130,7 @@ class ModelVersion:
                 "request): call it over gRPC streaming (ModelStreamInfer), not HTTP or unary "
                 "gRPC", Status.UNSUPPORTED)  # fmt: skip
         if self.held is not None:
-            hold(self.held, request)
+            self.held.admit(request)
         if self._order is not None:
             self._order.register(request)
         try:
@@ -141,9 +141,8 @@ class ModelVersion:
 
     def _deliver(self, request: InferRequest, outputs: Outputs | None,
                  error: Exception | None) -> None:  # fmt: skip
-        if request.held_bytes and self.held is not None:
-            self.held.give(request.held_bytes)
-            request.held_bytes = 0
+        if self.held is not None:
+            self.held.release(request)
         if self._order is None:
             try:
                 request.on_done(outputs, error)
@@ -328,17 +327,6 @@ class _OrderedDelivery:
                 req.on_done(outs, err)
             except Exception:  # noqa: BLE001 - see _answer_failed
                 _answer_failed(req)
-
-
-def hold(held: HeldBytes, request: InferRequest) -> None:
-    """Count a request's input bytes against the worker's --max-queued-size, or refuse it."""
-    size = input_bytes(request.inputs)
-    if not held.take(size):
-        raise InferError(
-            f"the worker holds {held.held / (1 << 20):.0f} MiB of requests not yet answered; "
-            f"{size / (1 << 20):.1f} MiB more would pass its --max-queued-size of "
-            f"{held.limit / (1 << 20):.0f} MiB: retry later", Status.UNAVAILABLE)  # fmt: skip
-    request.held_bytes = size
 
 
 def _answer_failed(request: InferRequest) -> None:

@@ -28,6 +28,8 @@ class Answer(dict[str, np.ndarray]):
 
 def response_parameters(outputs: Outputs) -> dict[str, Parameter] | None:
     return outputs.parameters if type(outputs) is Answer else None
+
+
 # the answer's hand-over: (outputs, None) or (None, error), once
 OnDone = Callable[[Outputs | None, Exception | None], None]
 # a decoupled model's response, as it is sent: (outputs or None, error, final)

@@ -277,15 +277,10 @@ class StubProcess:
     def _answer_cancelled(self, message: Message) -> None:
         """request.is_cancelled() in the model: whether that request was cancelled by its
         client (`is_cancelled`, set by the instance, which knows its requests by serial)."""
-        index = message.get("request")
-        cancelled = self.is_cancelled(index) if self.is_cancelled is not None and isinstance(
-            index, int) else False  # fmt: skip
-        try:
-            with self.send_lock:
-                self.conn.send({"op": "bls_reply", "id": message.get("id"),
-                                "cancelled": bool(cancelled), "fd": False})  # fmt: skip
-        except OSError:
-            pass
+        serial = message.get("request")
+        cancelled = self.is_cancelled(serial) if self.is_cancelled is not None and isinstance(
+            serial, int) else False  # fmt: skip
+        self.answer(message, {"cancelled": bool(cancelled)})
 
     def _metric(self, message: Message) -> None:
         """pb_utils.MetricFamily / Metric calls. A model acts only on the handles it was given;
