@@ -4,6 +4,7 @@ metrics port after Triton's own families, shared by name, released when the mode
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 
 import numpy as np
@@ -233,3 +234,79 @@ def test_a_dropped_metric_leaves_the_scrape(tmp_path):
         served.stop()
     assert 'kept_or_not{n="3"} 3\n' in text
     assert 'kept_or_not{n="1"}' not in text and 'kept_or_not{n="2"}' not in text
+
+
+ECHO = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
+BACKGROUND = '''
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """A thread of its own, well after initialize() returned and with no request ever sent,
+    makes metrics, reads one back, calls another model and asks whether it is ready."""
+
+    def initialize(self, args):
+        self.kept = []
+        threading.Thread(target=self.work, daemon=True).start()
+
+    def work(self):
+        time.sleep(0.5)
+        family = pb_utils.MetricFamily("between_calls", "Set by a thread of the model's",
+                                       pb_utils.MetricFamily.GAUGE)
+        first = family.Metric(labels={"step": "set"})
+        first.set(7)
+        read = family.Metric(labels={"step": "read"})
+        read.set(first.value() + 1)
+        request = pb_utils.InferenceRequest(
+            model_name="echo", requested_output_names=["OUT"],
+            inputs=[pb_utils.Tensor("IN", np.array([41], dtype=np.float32))])
+        response = request.exec()
+        bls = family.Metric(labels={"step": "bls"})
+        if response.has_error():
+            bls.set(-1)
+        else:
+            bls.set(float(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()[0]) + 1)
+        ready = family.Metric(labels={"step": "ready"})
+        ready.set(float(pb_utils.is_model_ready("echo")))
+        self.kept = [family, first, read, bls, ready]
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
+
+def test_a_model_thread_talks_to_the_worker_between_calls(tmp_path):
+    """The worker read a model's channel (not decoupled) only while one of its calls ran: a
+    metric made by the model's own thread between calls waited 30 s and failed, its updates
+    reached the scrape only with the next request, and a BLS call waited for one."""
+    python_models(tmp_path, {"echo": ECHO, "background": BACKGROUND},
+                  'max_batch_size: 0\n'
+                  'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    served = start_worker(tmp_path)
+    try:
+        deadline = time.monotonic() + 15
+        text = _scrape(served)
+        while 'between_calls{step="ready"}' not in text and time.monotonic() < deadline:
+            time.sleep(0.1)
+            text = _scrape(served)
+    finally:
+        served.stop()
+    assert 'between_calls{step="set"} 7\n' in text
+    assert 'between_calls{step="read"} 8\n' in text
+    assert 'between_calls{step="bls"} 42\n' in text
+    assert 'between_calls{step="ready"} 1\n' in text

@@ -124,21 +124,25 @@ class StubProcess:
     def __init__(self, label: str):
         self.label = label
         parent, child = socket.socketpair()
+        # the model rings this between the worker's calls when it sent something (start_bell)
+        self.bell, child_bell = socket.socketpair()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
             self.process = _spawner.popen(
                 [sys.executable, "-m", "analyzer.worker.backends.python_stub",
-                 str(child.fileno()), str(os.getpid())],
-                pass_fds=(child.fileno(),),
+                 str(child.fileno()), str(os.getpid()), str(child_bell.fileno())],
+                pass_fds=(child.fileno(), child_bell.fileno()),
                 stdin=subprocess.DEVNULL,
                 stdout=sys.stderr.fileno(),
                 env=env,
             )  # fmt: skip
         except BaseException:
             parent.close()
+            self.bell.close()
             raise
         finally:
             child.close()
+            child_bell.close()
         self.sock = parent  # for arena fds; the Connection below shares the channel
         self.conn = Connection(os.dup(parent.fileno()))
         self.lock = threading.Lock()  # one call at a time
@@ -155,6 +159,7 @@ class StubProcess:
         self.is_cancelled: Callable[[int], bool] | None = None
         # a reader thread (start_reader) reads every message and hands call replies over here
         self._reader: threading.Thread | None = None
+        self._bell_thread: threading.Thread | None = None  # start_bell
         self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # called on the reader thread once the channel closed (the stub ended)
         self.on_closed: Callable[[], None] | None = None
@@ -178,6 +183,38 @@ class StubProcess:
         self._reader = threading.Thread(target=self._read_all, name=f"{self.label} reader",
                                         daemon=True)  # fmt: skip
         self._reader.start()
+
+    def start_bell(self) -> None:
+        """Read what the model sends between calls (a metric's update or creation, a BLS call,
+        the model loading API, from a thread of its own) when it rings the bell: the channel
+        is otherwise read only while a call waits for its reply, so the hot path has no thread
+        hop. (A decoupled model's channel has a reader at all times instead.)"""
+        self._bell_thread = threading.Thread(target=self._answer_bell, daemon=True,
+                                             name=f"{self.label} bell")  # fmt: skip
+        self._bell_thread.start()
+
+    def _answer_bell(self) -> None:
+        while True:
+            try:
+                if not self.bell.recv(4096):
+                    return  # the model's process ended, or stop()
+            except OSError:
+                return
+            with self.lock:  # no call is reading the channel; one that comes next waits
+                try:
+                    while self.conn.poll(0):
+                        message: Message = self.conn.recv()
+                        if message.get("fd"):
+                            message["fd"] = recv_fd(self.sock)
+                        if not self._dispatch(message):  # no call is waiting for a reply
+                            discard_fd(message)
+                            log.warning("%s sent '%s' between calls; ignored", self.label,
+                                        message.get("op"))  # fmt: skip
+                except (EOFError, OSError):
+                    return
+                except Exception:  # noqa: BLE001 - one bad message must not stop the reading
+                    log.exception("%s: handling a message sent between calls failed",
+                                  self.label)  # fmt: skip
 
     def _read_all(self) -> None:
         while True:
@@ -403,6 +440,13 @@ class StubProcess:
                 log.warning("%s (pid %d) did not exit after SIGKILL", self.label, self.process.pid)
         with _live_lock:
             _live.discard(self)
+        try:  # the bell's reader ends at the bell's end
+            self.bell.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._bell_thread is not None:
+            self._bell_thread.join(FINALIZE_TIMEOUT_S)
+        self.bell.close()
         if self._reader is not None:  # it ends at the channel's end; then its fds may close
             try:
                 self.sock.shutdown(socket.SHUT_RDWR)
@@ -551,6 +595,8 @@ class PythonInstance(BackendInstance):
         self.pid = reply["pid"]
         if self.decoupled:
             self.stub.start_reader()
+        else:
+            self.stub.start_bell()
 
     def execute(self, requests: list[InferRequest], timing: BatchTiming) -> list[Result]:
         t0 = time.perf_counter_ns()

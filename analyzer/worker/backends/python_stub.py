@@ -58,8 +58,8 @@ Message = dict[str, Any]
 Placed = tuple[str, str, tuple[int, ...], int, int]
 SHM_DIR_ENV = "MODEL_ANALYZER_SHM_DIR"
 _MIN_ARENA = 1 << 20
-CANCEL_ASK_S = 5.0  # is_cancelled() asked when the worker reads nothing: False after this
-ASK_S = 30.0  # a custom metric's creation or value() asked when the worker reads nothing
+CANCEL_ASK_S = 5.0  # is_cancelled(): False if the worker has not answered by then
+ASK_S = 30.0  # a custom metric's creation or value(): an error if the worker has not answered
 
 
 class ShmSpaceError(Exception):
@@ -299,17 +299,23 @@ class BlsClient:
 
     The worker runs each BLS call on the named model's own scheduler and answers with a
     `bls_reply` carrying its id; replies may come in any order, and a model may call from any
-    thread: from execute(), from threads it starts there, or from a decoupled model's threads
-    after execute() returned. So no thread owns the channel: one waiting thread at a time reads
+    thread: from execute(), or from threads it started, between calls too (the bell). So no
+    thread owns the channel: one waiting thread at a time reads
     it (the serve loop between calls, a BLS caller during one) and files what it reads, replies
     by id for their callers and the worker's requests for the serve loop; the others wait on a
     condition. The serve loop reads the next execute itself when nothing else waits: no thread
     hop on the hot path."""
 
-    def __init__(self, conn: Connection, sock: socket.socket, send_lock: threading.Lock) -> None:
+    def __init__(self, conn: Connection, sock: socket.socket, send_lock: threading.Lock,
+                 bell: socket.socket | None = None) -> None:  # fmt: skip
         self.conn = conn
         self.sock = sock
         self.send_lock = send_lock
+        # the worker reads a model's channel while it runs one of its calls (a decoupled
+        # model's always); a message sent between calls rings this bell so that the worker
+        # reads it then too (non-blocking: a full bell has rung already)
+        self.bell = bell
+        self.busy = False  # a call of the worker's is in progress (set by the serve loop)
         self.ids = itertools.count(1)
         self.cond = threading.Condition()
         self.reading = False  # a thread is reading the channel (outside the condition's lock)
@@ -464,12 +470,12 @@ class BlsClient:
 
     # ---- calls --------------------------------------------------------------------------------
     def ask_cancelled(self, serial: int) -> bool:
-        """Whether request `serial` was cancelled by its client: the worker answers while it
-        runs the call, and at any time for a decoupled model (whose channel it always reads);
-        asked between calls of a model that is not decoupled, False after a short wait."""
+        """Whether request `serial` was cancelled by its client (the worker knows while the
+        request is open); False if no answer comes in a short while."""
         number = next(self.ids)
         with self.send_lock:
             self.conn.send({"op": "is_cancelled", "id": number, "request": serial, "fd": False})
+            self.ring()
         try:
             arrived = self.wait_until(lambda: number in self.replies, CANCEL_ASK_S)
         except EOFError:
@@ -481,13 +487,14 @@ class BlsClient:
             return bool(self.replies.pop(number).get("cancelled"))
 
     def ask(self, message: Message, timeout: float | None = ASK_S) -> Message:
-        """A question to the worker (a custom metric's creation or value): its answer, or a
-        TritonModelException when it cannot come (the worker answers a model that is not
-        decoupled only while it runs one of its calls)."""
+        """A question to the worker (a custom metric's creation or value, the model loading
+        API), from any thread at any time: its answer, or a TritonModelException when none
+        comes within `timeout`."""
         number = next(self.ids)
         with self.send_lock:
             self.send_later()
             self.conn.send({**message, "id": number, "fd": False})
+            self.ring()
         try:
             arrived = self.wait_until(lambda: number in self.replies, timeout)
         except EOFError:
@@ -496,8 +503,7 @@ class BlsClient:
             if not arrived:
                 self.abandoned.add(number)
                 raise pb_utils.TritonModelException(
-                    f"the worker did not answer within {timeout or 0:g} s: a model that is not "
-                    "decoupled may ask it only from initialize(), execute() or finalize()")
+                    f"the worker did not answer within {timeout or 0:g} s")
             return self.replies.pop(number)
 
     def tell(self, message: Message) -> None:
@@ -505,6 +511,7 @@ class BlsClient:
         with self.send_lock:
             self.send_later()
             self.conn.send({**message, "fd": False})
+            self.ring()
 
     def tell_later(self, message: Message) -> None:
         """A message from a finalizer (a metric's deletion): the garbage collector may run it
@@ -516,6 +523,15 @@ class BlsClient:
         """(With the send lock held.) What finalizers left to send."""
         while self.later:
             self.conn.send(self.later.popleft())
+
+    def ring(self) -> None:
+        """(With the send lock held, after a send.) Between the worker's calls, tell it that
+        the channel has something to read."""
+        if not self.busy and self.bell is not None:
+            try:
+                self.bell.send(b"!")
+            except OSError:  # full (it has rung), or the worker is gone
+                pass
 
     def send(self, request: pb_utils.InferenceRequest, decoupled: bool = False) -> int:
         number = next(self.ids)
@@ -530,6 +546,7 @@ class BlsClient:
                 "fd": fd is not None, **fields,
             })  # fmt: skip
             send_fd(self.sock, fd)
+            self.ring()
         return number
 
     def call(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
@@ -670,7 +687,8 @@ def _error_response(message: str, code: int) -> pb_utils.InferenceResponse:
 
 
 class Stub:
-    def __init__(self, conn: Connection, sock: socket.socket) -> None:
+    def __init__(self, conn: Connection, sock: socket.socket,
+                 bell: socket.socket | None = None) -> None:  # fmt: skip
         self.conn = conn
         self.sock = sock  # the same channel, for passing arena fds
         self.model: Any = None  # the repository's TritonPythonModel, once initialized
@@ -684,7 +702,7 @@ class Stub:
         # a decoupled model's requests (by serial) that have not sent their final flag; they
         # outlive their call: the worker sends the next call once execute() returns
         self.open: set[int] = set()
-        self.bls = BlsClient(conn, sock, self.send_lock)
+        self.bls = BlsClient(conn, sock, self.send_lock, bell)
         self.loop = asyncio.new_event_loop()  # for models whose execute() is a coroutine
         pb_utils._bls_client = self.bls
 
@@ -694,6 +712,7 @@ class Stub:
                 message = self.bls.next_op()
             except EOFError:
                 break
+            self.bls.busy = True  # until its reply: the worker reads the channel meanwhile
             op = message["op"]
             fd = None
             try:
@@ -706,6 +725,7 @@ class Stub:
                 reply = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
             with self.send_lock:
                 self.bls.send_later()  # metrics deleted during the call: before its reply
+                self.bls.busy = False  # what the model sends after the reply rings the bell
                 self.conn.send(reply)
                 send_fd(self.sock, fd)
             if op == "finalize":
@@ -727,6 +747,8 @@ class Stub:
         self.model = cls()
         config = json.loads(message["args"]["model_config"])
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
+        if self.decoupled:  # the worker reads its channel at all times
+            self.bls.bell = None
         if hasattr(self.model, "initialize"):
             self.model.initialize(message["args"])
         return {"ok": True, "pid": os.getpid()}
@@ -903,7 +925,7 @@ def die_with_worker(worker_pid: int) -> None:
 
 
 def main() -> None:
-    fd, worker_pid = int(sys.argv[1]), int(sys.argv[2])
+    fd, worker_pid, bell_fd = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     die_with_worker(worker_pid)
     # Ctrl-C reaches the terminal's whole process group: the worker decides when models finalize.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -911,7 +933,9 @@ def main() -> None:
     conn = Connection(os.dup(fd))
     # Model output printed with print() must not corrupt anything: stdout goes to stderr.
     sys.stdout = sys.stderr
-    Stub(conn, sock).serve()
+    bell = socket.socket(fileno=bell_fd)
+    bell.setblocking(False)
+    Stub(conn, sock, bell).serve()
 
 
 def _owned(array: np.ndarray, copy: bool) -> np.ndarray:
