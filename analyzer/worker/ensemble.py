@@ -105,6 +105,10 @@ class EnsembleVersion:
         with self._lock:
             self._closed = True
 
+    def probe_ready(self) -> bool:
+        """An ensemble has no instances of its own: READY is ready (Triton's)."""
+        return True
+
     def metadata(self, versions: list[int]) -> dict[str, Any]:
         from analyzer.worker.model import model_metadata
 

@@ -124,7 +124,10 @@ class InferenceService:
     async def ModelReady(self, request: Any, context: CallContext) -> Any:
         await self._allow("health", context)  # Triton files model readiness under health
         await self._name(request.name, context)
-        return pb.ModelReadyResponse(ready=self.manager.is_ready(request.name, request.version))
+        ready = self.manager.model_ready(request.name, request.version)
+        if not isinstance(ready, bool):  # a python model's is_ready() is asked
+            ready = await ready
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: Any, context: CallContext) -> Any:
         await self._allow("metadata", context)

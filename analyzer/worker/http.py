@@ -182,7 +182,14 @@ class RestApi:
             model = self.manager.get(name, version)
             respond(_json(model.metadata(self.manager.versions(name))))
         elif action == "ready":
-            respond(HttpResponse(200 if self.manager.is_ready(name, version) else 400))
+            ready = self.manager.model_ready(name, version)
+            if isinstance(ready, bool):
+                respond(HttpResponse(200 if ready else 400))
+            else:  # a python model's is_ready() is asked; the loop goes on meanwhile
+                asyncio.ensure_future(ready).add_done_callback(
+                    lambda done: respond(HttpResponse(
+                        200 if not done.cancelled() and done.exception() is None
+                        and done.result() else 400)))  # fmt: skip
         elif action == "config":
             respond(_json(model_config_to_dict(self.manager.get(name, version).config)))
         elif action == "stats":

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -299,11 +299,23 @@ class ModelManager:
                        for e in self._models.values())  # fmt: skip
 
     def is_ready(self, name: str, version: str = "") -> bool:
+        """Loaded and READY (the state the repository index shows)."""
         try:
             self.get(name, version)
         except InferError:
             return False
         return self._models[name].state == "READY"
+
+    def model_ready(self, name: str, version: str = "") -> bool | Coroutine[Any, Any, bool]:
+        """(On an event loop.) The readiness endpoints' answer, as Triton's: READY and every
+        instance able to serve (`ModelVersion.probe_ready`); a coroutine when a model must
+        be asked."""
+        if not self.is_ready(name, version):
+            return False
+        try:
+            return self.get(name, version).probe_ready()
+        except InferError:  # unloaded meanwhile
+            return False
 
     # -- internals ----------------------------------------------------------------------------
     def _name_lock(self, name: str) -> threading.Lock:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2
@@ -31,6 +32,7 @@ KIND = model_config_pb2.ModelInstanceGroup.Kind
 _THREAD_PARAMS = ("INTRA_OP_THREAD_COUNT", "intra_op_thread_count")
 # how long an unload waits, in all, for the instances' in-flight batches before answering them
 UNLOAD_JOIN_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 5.0  # a readiness check's wait for the instances' answers (Triton's 5 s)
 
 
 class ModelVersion:
@@ -177,6 +179,18 @@ class ModelVersion:
         self.runners.clear()
         release_free_memory()  # its tensors' pages go back to the system, not to the heap
 
+    def probe_ready(self) -> bool | Coroutine[Any, Any, bool]:
+        """(On an event loop.) Triton's model readiness beyond the loaded state: every
+        instance can serve (a python model's process is alive and its is_ready() says so,
+        within READY_TIMEOUT_S). A coroutine only when an instance must be asked."""
+        probes = [runner.instance.probe_ready() for runner in list(self.runners)]
+        asked = [probe for probe in probes if not isinstance(probe, bool)]
+        if False in probes:
+            for future in asked:
+                future.cancel()
+            return False
+        return _all_true(asked) if asked else True
+
     @property
     def pending(self) -> int:
         """Requests waiting in the queue (Triton's pending request count)."""
@@ -184,6 +198,13 @@ class ModelVersion:
 
     def metadata(self, versions: list[int]) -> dict[str, Any]:
         return model_metadata(self.config, self.name, versions)
+
+
+async def _all_true(futures: list[asyncio.Future[bool]]) -> bool:
+    done, pending = await asyncio.wait(futures, timeout=READY_TIMEOUT_S)
+    for future in pending:
+        future.cancel()
+    return not pending and all(future.result() for future in done)
 
 
 def model_metadata(config: ModelConfig, name: str, versions: list[int]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ Instances never see the network or the queue: they get a batch, they return one 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -60,6 +61,11 @@ class BackendInstance(ABC):
     @abstractmethod
     def execute(self, requests: list[InferRequest], timing: BatchTiming) -> list[Result]:
         """Run one batch; fill `timing`'s compute_input/infer/output durations."""
+
+    def probe_ready(self) -> bool | asyncio.Future[bool]:
+        """(On an event loop.) Whether this instance can serve now, for the model's readiness
+        endpoint: a future when the answer must be asked for (a python model's is_ready())."""
+        return True
 
     def forget(self, requests: list[InferRequest]) -> None:  # noqa: B027 - optional hook
         """These requests were answered by the runner (an unload gave up on their batch): an

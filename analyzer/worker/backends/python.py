@@ -8,6 +8,7 @@ tensors are never pickled. Python models receive the requests of a batch as a li
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -160,6 +161,14 @@ class StubProcess:
         # a reader thread (start_reader) reads every message and hands call replies over here
         self._reader: threading.Thread | None = None
         self._bell_thread: threading.Thread | None = None  # start_bell
+        self._drainer: threading.Thread | None = None  # and what it wakes
+        self._rung = threading.Event()
+        self._stopping = False
+        # the model's is_ready(), asked over the bell (probe_ready)
+        self.has_is_ready = False
+        self._ready_lock = threading.Lock()
+        self._asking = False
+        self._ready_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]] = []
         self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # called on the reader thread once the channel closed (the stub ended)
         self.on_closed: Callable[[], None] | None = None
@@ -185,22 +194,84 @@ class StubProcess:
         self._reader.start()
 
     def start_bell(self) -> None:
-        """Read what the model sends between calls (a metric's update or creation, a BLS call,
-        the model loading API, from a thread of its own) when it rings the bell: the channel
-        is otherwise read only while a call waits for its reply, so the hot path has no thread
-        hop. (A decoupled model's channel has a reader at all times instead.)"""
+        """Read the bell: the answers of the model's is_ready(), and its rings. A model that
+        is not decoupled rings when it sends something between calls (a metric's update or
+        creation, a BLS call, the model loading API, from a thread of its own); this thread
+        then reads the channel, which is otherwise read only while a call waits for its
+        reply, so the hot path has no thread hop. (A decoupled model's channel has a reader
+        at all times.)"""
         self._bell_thread = threading.Thread(target=self._answer_bell, daemon=True,
                                              name=f"{self.label} bell")  # fmt: skip
         self._bell_thread.start()
+        if self._reader is None:  # a decoupled model's reader reads everything anyway
+            self._drainer = threading.Thread(target=self._drain, daemon=True,
+                                             name=f"{self.label} drain")  # fmt: skip
+            self._drainer.start()
+
+    def probe_ready(self) -> bool | asyncio.Future[bool]:
+        """(On an event loop.) This instance's part of the model's readiness, as Triton's
+        python backend checks it: its process is alive and, when the model defines
+        is_ready(), what that returns. One question at a time goes to the model; checks that
+        come meanwhile share its answer. The caller bounds the wait (READY_TIMEOUT_S)."""
+        if self.process.poll() is not None:
+            return False
+        if not self.has_is_ready:
+            return True
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        with self._ready_lock:
+            if self._bell_thread is None or not self._bell_thread.is_alive():
+                return False
+            self._ready_waiters.append((loop, future))
+            ask = not self._asking
+            self._asking = True
+        if ask:
+            try:
+                self.bell.send(b"?")
+            except OSError:
+                self._readiness(False)
+        return future
+
+    def _readiness(self, ready: bool) -> None:
+        """The model's answer to the question in flight, to everyone waiting for it."""
+        with self._ready_lock:
+            waiters, self._ready_waiters = self._ready_waiters, []
+            self._asking = False
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(_settle, future, ready)
+            except RuntimeError:  # that loop has closed
+                pass
 
     def _answer_bell(self) -> None:
+        try:
+            self._read_bell()
+        finally:
+            self._readiness(False)  # the process ended, or stop(): no answer is coming
+
+    def _read_bell(self) -> None:
         while True:
             try:
-                if not self.bell.recv(4096):
-                    return  # the model's process ended, or stop()
+                rings = self.bell.recv(4096)
             except OSError:
                 return
-            with self.lock:  # no call is reading the channel; one that comes next waits
+            if not rings:
+                return  # the model's process ended, or stop()
+            if b"1" in rings or b"0" in rings:  # one question is in flight at a time
+                self._readiness(rings.rfind(b"1") > rings.rfind(b"0"))
+            if b"!" in rings:
+                self._rung.set()
+
+    def _drain(self) -> None:
+        """Read what the model sent between calls, once no call reads the channel (a call
+        that starts meanwhile reads it before its reply, so waiting for the lock loses
+        nothing; the bell's own thread never waits for it: readiness answers go on)."""
+        while True:
+            self._rung.wait()
+            self._rung.clear()
+            if self._stopping:
+                return
+            with self.lock:
                 try:
                     while self.conn.poll(0):
                         message: Message = self.conn.recv()
@@ -444,8 +515,11 @@ class StubProcess:
             self.bell.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        if self._bell_thread is not None:
-            self._bell_thread.join(FINALIZE_TIMEOUT_S)
+        self._stopping = True
+        self._rung.set()
+        for thread in (self._bell_thread, self._drainer):
+            if thread is not None:
+                thread.join(FINALIZE_TIMEOUT_S)
         self.bell.close()
         if self._reader is not None:  # it ends at the channel's end; then its fds may close
             try:
@@ -593,10 +667,13 @@ class PythonInstance(BackendInstance):
             self.finalize()
             raise ValueError(f"initialize failed: {err}") from None
         self.pid = reply["pid"]
+        self.stub.has_is_ready = bool(reply.get("is_ready"))
         if self.decoupled:
             self.stub.start_reader()
-        else:
-            self.stub.start_bell()
+        self.stub.start_bell()
+
+    def probe_ready(self) -> bool | asyncio.Future[bool]:
+        return self.stub.probe_ready()
 
     def execute(self, requests: list[InferRequest], timing: BatchTiming) -> list[Result]:
         t0 = time.perf_counter_ns()
@@ -867,6 +944,11 @@ class PythonInstance(BackendInstance):
         self.stub.stop()
         self.inputs.close()
         self.outputs.close()
+
+
+def _settle(future: asyncio.Future[bool], ready: bool) -> None:
+    if not future.done():  # a check that timed out cancelled it
+        future.set_result(ready)
 
 
 def _background(what: str, work: Callable[[], None],

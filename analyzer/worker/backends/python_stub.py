@@ -20,6 +20,7 @@ import itertools
 import json
 import mmap
 import os
+import select
 import signal
 import socket
 import sys
@@ -703,6 +704,7 @@ class Stub:
         # outlive their call: the worker sends the next call once execute() returns
         self.open: set[int] = set()
         self.bls = BlsClient(conn, sock, self.send_lock, bell)
+        self.bell = bell  # also how the worker asks the model's is_ready() (answer_readiness)
         self.loop = asyncio.new_event_loop()  # for models whose execute() is a coroutine
         pb_utils._bls_client = self.bls
 
@@ -751,7 +753,46 @@ class Stub:
             self.bls.bell = None
         if hasattr(self.model, "initialize"):
             self.model.initialize(message["args"])
-        return {"ok": True, "pid": os.getpid()}
+        readiness = callable(getattr(self.model, "is_ready", None)) and self.bell is not None
+        if readiness:
+            threading.Thread(target=self.answer_readiness, name="is_ready", daemon=True).start()
+        return {"ok": True, "pid": os.getpid(), "is_ready": readiness}
+
+    def answer_readiness(self) -> None:
+        """The model's is_ready() (sync or async), each time the worker asks on the bell, on a
+        thread of its own, as Triton's python backend runs it: while execute() runs too. Its
+        answer goes back on the bell; an exception or a value that is not a bool is "not
+        ready", written to the model's log."""
+        bell = self.bell
+        assert bell is not None
+        loop: asyncio.AbstractEventLoop | None = None
+        while True:
+            try:
+                select.select([bell], [], [])
+                asked = bell.recv(64)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):
+                return
+            if not asked:  # the worker closed the bell
+                return
+            ready = False
+            try:
+                result = self.model.is_ready()
+                if inspect.isawaitable(result):
+                    loop = loop or asyncio.new_event_loop()
+                    result = loop.run_until_complete(result)
+                if not isinstance(result, bool):
+                    raise TypeError(f"is_ready() must return a boolean value, not "
+                                    f"{type(result).__name__}")  # fmt: skip
+                ready = result
+            except Exception:  # noqa: BLE001 - the model's fault: not ready, and why in its log
+                print(f"is_ready() failed; the model reads as not ready:\n"
+                      f"{traceback.format_exc()}", file=sys.stderr, flush=True)  # fmt: skip
+            try:
+                bell.send(b"1" if ready else b"0")
+            except OSError:
+                return
 
     def op_execute(self, message: Message) -> Message:
         if message.get("fd"):

@@ -1,0 +1,186 @@
+"""A model's readiness as Triton's python backend reports it: the instance's process must be
+alive, and a model that defines is_ready() is asked (sync or async, 5 s at most, while execute()
+runs too); an exception or a value that is not a bool reads as not ready."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from serving import python_models, start_worker
+
+CONFIG = ('max_batch_size: 0\n'
+          'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+          'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+
+HEAD = '''
+import asyncio
+import os
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def answer(requests, value):
+    return [pb_utils.InferenceResponse([pb_utils.Tensor(
+        "OUT", np.array([value], dtype=np.float32))]) for _ in requests]
+'''
+
+MODELS = {
+    # ready unless a file named "drain" is in its version folder (a graceful drain)
+    "drains": HEAD + '''
+class TritonPythonModel:
+    def is_ready(self):
+        return not os.path.exists(os.path.join(pb_utils.get_model_dir(), "drain"))
+
+    def execute(self, requests):
+        return answer(requests, 1)
+''',
+    "async_ready": HEAD + '''
+class TritonPythonModel:
+    async def is_ready(self):
+        await asyncio.sleep(0.01)
+        return True
+
+    def execute(self, requests):
+        return answer(requests, 1)
+''',
+    "raises": HEAD + '''
+class TritonPythonModel:
+    def is_ready(self):
+        raise RuntimeError("the feature store is unreachable")
+
+    def execute(self, requests):
+        return answer(requests, 1)
+''',
+    "not_bool": HEAD + '''
+class TritonPythonModel:
+    def is_ready(self):
+        return "yes"
+
+    def execute(self, requests):
+        return answer(requests, 1)
+''',
+    "hangs": HEAD + '''
+class TritonPythonModel:
+    def is_ready(self):
+        time.sleep(60)
+        return True
+
+    def execute(self, requests):
+        return answer(requests, 1)
+''',
+    # execute() waits until is_ready() has run: it answers 1 only if is_ready() ran meanwhile
+    "busy": HEAD + '''
+class TritonPythonModel:
+    def initialize(self, args):
+        self.asked = threading.Event()
+
+    def is_ready(self):
+        self.asked.set()
+        return True
+
+    def execute(self, requests):
+        return answer(requests, 1 if self.asked.wait(20) else 0)
+''',
+    # no is_ready(): ready while its process lives; it answers with that process's pid
+    "plain": HEAD + '''
+class TritonPythonModel:
+    def execute(self, requests):
+        return answer(requests, os.getpid())
+''',
+}
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("readiness")
+    python_models(repo, MODELS, CONFIG)
+    served = start_worker(repo)
+    yield served, repo
+    served.stop()
+
+
+def _infer(client: httpclient.InferenceServerClient, model: str) -> float:
+    tensor = httpclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([0], dtype=np.float32))
+    return float(client.infer(model, [tensor]).as_numpy("OUT")[0])
+
+
+def test_the_models_is_ready_decides_over_http_and_grpc(worker):
+    """Before, a model's is_ready() was never called: a model draining or missing what it
+    needs read as ready."""
+    served, repo = worker
+    with httpclient.InferenceServerClient(served.http) as http, \
+            grpcclient.InferenceServerClient(served.grpc) as grpc:  # fmt: skip
+        for client in (http, grpc):
+            assert client.is_model_ready("drains")
+            assert client.is_model_ready("async_ready")
+            assert not client.is_model_ready("raises")
+            assert not client.is_model_ready("not_bool")
+            assert client.is_model_ready("plain")
+        (repo / "drains" / "1" / "drain").touch()
+        try:
+            assert not http.is_model_ready("drains")
+            assert not grpc.is_model_ready("drains")
+        finally:
+            (repo / "drains" / "1" / "drain").unlink()
+        assert http.is_model_ready("drains")
+        assert _infer(http, "raises") == 1  # not ready is the model's word; it still serves
+        assert http.is_server_ready()  # the server's readiness is the models' loaded state
+
+
+def test_is_ready_runs_while_execute_does(worker):
+    served, _ = worker
+    with httpclient.InferenceServerClient(served.http) as client:
+        result: list[float] = []
+        call = threading.Thread(target=lambda: result.append(_infer(client, "busy")))
+        with httpclient.InferenceServerClient(served.http) as other:
+            call.start()
+            time.sleep(0.3)  # execute() is waiting now
+            assert other.is_model_ready("busy")
+            call.join(30)
+    assert result == [1]
+
+
+def test_a_check_that_hangs_reads_as_not_ready_and_blocks_nothing(worker):
+    served, _ = worker
+    outcome: list[bool] = []
+
+    def check() -> None:
+        with httpclient.InferenceServerClient(served.http, network_timeout=30) as client:
+            outcome.append(client.is_model_ready("hangs"))
+
+    checks = [threading.Thread(target=check) for _ in range(2)]
+    for thread in checks:
+        thread.start()
+    time.sleep(0.3)
+    with grpcclient.InferenceServerClient(served.grpc) as client:
+        assert client.is_server_live()  # the loop answers others while the checks wait
+        assert client.is_model_ready("plain")
+    assert all(thread.is_alive() for thread in checks)  # (they wait 5 s)
+    for thread in checks:
+        thread.join(30)
+    assert outcome == [False, False]
+
+
+def test_a_dead_process_reads_as_not_ready(worker):
+    """Before, a model whose process had died read as ready: every request then failed."""
+    served, _ = worker
+    with httpclient.InferenceServerClient(served.http) as client:
+        pid = int(_infer(client, "plain"))
+        assert client.is_model_ready("plain")
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while client.is_model_ready("plain") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not client.is_model_ready("plain")
+        assert not client.is_model_ready("plain", "1")
