@@ -222,6 +222,8 @@ class StubProcess:
         with self._ready_lock:
             if self._bell_thread is None or not self._bell_thread.is_alive():
                 return False
+            # checks that gave up are dropped: a hung is_ready() must not collect them
+            self._ready_waiters = [w for w in self._ready_waiters if not w[1].done()]
             self._ready_waiters.append((loop, future))
             ask = not self._asking
             self._asking = True
