@@ -91,6 +91,13 @@ class TritonPythonModel:
     def execute(self, requests):
         return answer(requests, 1 if self.asked.wait(20) else 0)
 ''',
+    # asks about two others from execute(), as a BLS model may before calling them
+    "asks": HEAD + '''
+class TritonPythonModel:
+    def execute(self, requests):
+        return answer(requests, int(pb_utils.is_model_ready("drains"))
+                      + 2 * int(pb_utils.is_model_ready("raises")))
+''',
     # no is_ready(): ready while its process lives; it answers with that process's pid
     "plain": HEAD + '''
 class TritonPythonModel:
@@ -131,9 +138,11 @@ def test_the_models_is_ready_decides_over_http_and_grpc(worker):
         try:
             assert not http.is_model_ready("drains")
             assert not grpc.is_model_ready("drains")
+            assert _infer(http, "asks") == 0
         finally:
             (repo / "drains" / "1" / "drain").unlink()
         assert http.is_model_ready("drains")
+        assert _infer(http, "asks") == 1  # pb_utils.is_model_ready() asks the same way
         assert _infer(http, "raises") == 1  # not ready is the model's word; it still serves
         assert http.is_server_ready()  # the server's readiness is the models' loaded state
 

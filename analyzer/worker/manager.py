@@ -7,6 +7,7 @@ shared dicts and is held only for short updates.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -34,7 +35,7 @@ from analyzer.worker.ensemble import EnsembleVersion, composing_models
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.limits import HeldBytes, Limits
 from analyzer.worker.load_deadline import load_deadline
-from analyzer.worker.model import ModelVersion, instance_specs
+from analyzer.worker.model import READY_TIMEOUT_S, ModelVersion, instance_specs
 from analyzer.worker.names import check_model_name
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class ModelManager:
         self._name_locks: dict[str, threading.Lock] = {}
         self._backends_lock = threading.Lock()
         self._closing = False
+        # the serving event loop (bind_loop), where readiness checks run
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._models: dict[str, ModelEntry] = {}
         self._backends: dict[str, Backend] = {}
         self._loading = threading.local()  # the names this thread is loading (ensemble chains)
@@ -305,6 +309,29 @@ class ModelManager:
         except InferError:
             return False
         return self._models[name].state == "READY"
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(On `loop`.) The event loop that serves the endpoints: readiness asked from other
+        threads (a model's pb_utils.is_model_ready) runs there."""
+        self._loop, self._loop_thread = loop, threading.get_ident()
+
+    def model_ready_from_thread(self, name: str, version: str = "") -> bool:
+        """`model_ready` for a thread other than the loop's (a model's
+        pb_utils.is_model_ready, as Triton's asks the named model's instances too)."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread or loop.is_closed():
+            return self.is_ready(name, version)
+
+        async def ask() -> bool:
+            ready = self.model_ready(name, version)
+            return ready if isinstance(ready, bool) else await ready
+
+        future = asyncio.run_coroutine_threadsafe(ask(), loop)
+        try:
+            return future.result(READY_TIMEOUT_S + 1.0)
+        except Exception:  # noqa: BLE001 - the loop stopped, or no answer: not ready
+            future.cancel()
+            return False
 
     def model_ready(self, name: str, version: str = "") -> bool | Coroutine[Any, Any, bool]:
         """(On an event loop.) The readiness endpoints' answer, as Triton's: READY and every

@@ -102,6 +102,7 @@ class Worker:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.manager.bind_loop(loop)
         opts = self.options
         try:
             http_rules = restrict.build("--http-restricted-api", opts.http_restricted_api)

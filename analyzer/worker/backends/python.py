@@ -566,6 +566,8 @@ class Models(Protocol):
 
     def is_ready(self, name: str, version: str = "") -> bool: ...
 
+    def model_ready_from_thread(self, name: str, version: str = "") -> bool: ...
+
     def require_explicit(self) -> None: ...
 
 
@@ -892,7 +894,7 @@ class PythonInstance(BackendInstance):
                 raise InferError("a model name is needed")
             if action == "is_ready":
                 version = message.get("model_version")
-                self.stub.answer(message, {"ready": models.is_ready(
+                self.stub.answer(message, {"ready": models.model_ready_from_thread(
                     name, version if isinstance(version, str) else "")})  # fmt: skip
                 return
             models.require_explicit()
