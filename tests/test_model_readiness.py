@@ -5,6 +5,7 @@ runs too); an exception or a value that is not a bool reads as not ready."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -107,10 +108,44 @@ class TritonPythonModel:
 }
 
 
+# A decoupled model: one thread asks whether "hangs" is ready (5 s to a no), another meanwhile
+# calls "async_ready" by BLS and answers 1 if that call came back first, then the first answers its
+# readiness + 10, final. The worker reads both threads' messages on one reader thread.
+ASKS_WHILE_STREAMING = HEAD + '''
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            asked = threading.Event()
+
+            def ask():
+                ready = pb_utils.is_model_ready("hangs")
+                asked.set()
+                bls.join()
+                sender.send(answer([request], int(ready) + 10)[0],
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            def call():
+                time.sleep(0.3)  # the readiness question is with the worker by now
+                called = pb_utils.InferenceRequest(
+                    model_name="async_ready", requested_output_names=["OUT"],
+                    inputs=[pb_utils.Tensor("IN", np.array([0], dtype=np.float32))]).exec()
+                sender.send(answer([request], int(not asked.is_set()
+                                                   and not called.has_error()))[0])
+
+            bls = threading.Thread(target=call)
+            bls.start()
+            threading.Thread(target=ask).start()
+        return None
+'''
+
+
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("readiness")
     python_models(repo, MODELS, CONFIG)
+    python_models(repo, {"streams": ASKS_WHILE_STREAMING},
+                  CONFIG + "model_transaction_policy { decoupled: true }\n")
     served = start_worker(repo)
     yield served, repo
     served.stop()
@@ -193,3 +228,26 @@ def test_a_dead_process_reads_as_not_ready(worker):
             time.sleep(0.05)
         assert not client.is_model_ready("plain")
         assert not client.is_model_ready("plain", "1")
+
+
+def test_a_readiness_question_does_not_hold_up_a_streaming_models_other_messages(worker):
+    """pb_utils.is_model_ready() from a decoupled model's thread was answered on the thread that
+    reads all of that model's messages: a slow is_ready() elsewhere held up its responses and
+    BLS calls for up to 5 s."""
+    served, _ = worker
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(served.grpc)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("IN", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([0], dtype=np.float32))
+        client.async_stream_infer("streams", [tensor])
+        values = []
+        for _ in range(2):
+            result, error = got.get(timeout=60)
+            assert error is None, error
+            values.append(float(result.as_numpy("OUT")[0]))
+    finally:
+        client.stop_stream()
+        client.close()
+    assert values == [1, 10]  # the BLS call came back first; "hangs" is not ready

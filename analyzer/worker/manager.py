@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
 import logging
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,7 +36,7 @@ from analyzer.worker.ensemble import EnsembleVersion, composing_models
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.limits import HeldBytes, Limits
 from analyzer.worker.load_deadline import load_deadline
-from analyzer.worker.model import READY_TIMEOUT_S, ModelVersion, instance_specs
+from analyzer.worker.model import ModelVersion, instance_specs
 from analyzer.worker.names import check_model_name
 
 log = logging.getLogger(__name__)
@@ -315,23 +316,27 @@ class ModelManager:
         threads (a model's pb_utils.is_model_ready) runs there."""
         self._loop, self._loop_thread = loop, threading.get_ident()
 
-    def model_ready_from_thread(self, name: str, version: str = "") -> bool:
-        """`model_ready` for a thread other than the loop's (a model's
-        pb_utils.is_model_ready, as Triton's asks the named model's instances too)."""
+    def ask_ready(self, name: str, version: str, done: Callable[[bool], None]) -> None:
+        """`model_ready` for a thread other than the loop's (a model's pb_utils.is_model_ready,
+        which in Triton asks the named model's instances too): `done(ready)` is called when
+        the answer is in, on the loop; the asking thread does not wait (it may be the one
+        that reads a model's responses)."""
         loop = self._loop
         if loop is None or threading.get_ident() == self._loop_thread or loop.is_closed():
-            return self.is_ready(name, version)
+            done(self.is_ready(name, version))
+            return
 
         async def ask() -> bool:
             ready = self.model_ready(name, version)
             return ready if isinstance(ready, bool) else await ready
 
-        future = asyncio.run_coroutine_threadsafe(ask(), loop)
+        def answer(future: concurrent.futures.Future[bool]) -> None:
+            done(not future.cancelled() and future.exception() is None and future.result())
+
         try:
-            return future.result(READY_TIMEOUT_S + 1.0)
-        except Exception:  # noqa: BLE001 - the loop stopped, or no answer: not ready
-            future.cancel()
-            return False
+            asyncio.run_coroutine_threadsafe(ask(), loop).add_done_callback(answer)
+        except RuntimeError:  # the loop closed meanwhile
+            done(False)
 
     def model_ready(self, name: str, version: str = "") -> bool | Coroutine[Any, Any, bool]:
         """(On an event loop.) The readiness endpoints' answer, as Triton's: READY and every

@@ -566,7 +566,7 @@ class Models(Protocol):
 
     def is_ready(self, name: str, version: str = "") -> bool: ...
 
-    def model_ready_from_thread(self, name: str, version: str = "") -> bool: ...
+    def ask_ready(self, name: str, version: str, done: Callable[[bool], None]) -> None: ...
 
     def require_explicit(self) -> None: ...
 
@@ -894,8 +894,8 @@ class PythonInstance(BackendInstance):
                 raise InferError("a model name is needed")
             if action == "is_ready":
                 version = message.get("model_version")
-                self.stub.answer(message, {"ready": models.model_ready_from_thread(
-                    name, version if isinstance(version, str) else "")})  # fmt: skip
+                models.ask_ready(name, version if isinstance(version, str) else "",
+                                 lambda ready: self.stub.answer(message, {"ready": ready}))
                 return
             models.require_explicit()
             if action == "load":
