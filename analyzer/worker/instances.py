@@ -13,7 +13,13 @@ import time
 from typing import Protocol
 
 from analyzer.worker import sched
-from analyzer.worker.backends.base import BackendInstance, Deferred, InstanceSpec, Result
+from analyzer.worker.backends.base import (
+    BackendInstance,
+    Deferred,
+    InstanceSpec,
+    Rescheduled,
+    Result,
+)
 from analyzer.worker.batcher import Deliver
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import BatchTiming, InferRequest
@@ -35,6 +41,17 @@ class BatchSource(Protocol):
     def pending(self) -> int: ...
 
     def next_batch(self) -> list[InferRequest] | None: ...
+
+
+class IterativeSource(BatchSource, Protocol):
+    """A lane of a sequence batcher with iterative sequences: requests a model released with
+    RELEASE_RESCHEDULE go back to it; the others end their sequence."""
+
+    iterative: bool
+
+    def reschedule(self, request: InferRequest) -> InferError | None: ...
+
+    def finished(self, request: InferRequest) -> None: ...
 
 
 class InstanceRunner:
@@ -67,6 +84,9 @@ class InstanceRunner:
         self.max_batch = max_batch
         self.warmed = threading.Event()
         self.warmup_error: str | None = None
+        # iterative sequences: RELEASE_RESCHEDULE sends a request back to this lane
+        self.iterative: IterativeSource | None = (
+            scheduler if getattr(scheduler, "iterative", False) else None)  # type: ignore[assignment]
 
     def start(self) -> None:
         self.thread.start()
@@ -198,8 +218,19 @@ class InstanceRunner:
 
     def _answer(self, batch: list[InferRequest], results: list[Result],
                 timing: BatchTiming) -> None:  # fmt: skip
+        iterative = self.iterative
         for request, result in zip(batch, results, strict=True):
             request.timing = timing
+            if isinstance(result, Rescheduled):
+                error = iterative.reschedule(request) if iterative is not None else InferError(
+                    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but the "
+                    "model is not configured with sequence_batching { iterative_sequence: "
+                    "true }", Status.INTERNAL)  # fmt: skip
+                if error is None:  # queued again: a later batch takes it
+                    continue
+                result = error
+            if iterative is not None:
+                iterative.finished(request)
             if isinstance(result, Deferred):  # the instance answers it when it completes
                 continue
             if isinstance(result, Exception):

@@ -81,9 +81,6 @@ class ModelVersion:
         if sequences is not None and self.config.sequence_batching.state:  # refuse, not serve
             raise ValueError(f"model '{self.name}': sequence_batching.state (implicit state) is "
                              "not supported by this worker")  # fmt: skip
-        if sequences is not None and self.config.sequence_batching.iterative_sequence:
-            raise ValueError(f"model '{self.name}': sequence_batching.iterative_sequence (request "
-                             "rescheduling) is not supported by this worker")  # fmt: skip
         specs = instance_specs(self.config, self.backend.gpu_capable(), self.max_instance_count)
         if sequences is not None:
             sequences.set_instances(len(specs))

@@ -19,6 +19,7 @@ Triton's message. Live sequences are bounded (`MAX_SEQUENCES`): a START beyond i
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -104,6 +105,11 @@ class SequenceScheduler:
         self.target = max([p for p in preferred if p <= self.max_batch] or [self.max_batch])
         self.idle_ns = (sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
         self.controls = controls_of(config)
+        # iterative sequences: each request is a sequence of its own, keyed here by the
+        # request (id) with a number of the scheduler's; RELEASE_RESCHEDULE queues it again
+        self.iterative = bool(sb.iterative_sequence)
+        self._numbers = itertools.count(1)
+        self._keys: dict[int, int] = {}
         self.lanes: list[_Lane] = [_Lane()]
         self.sequences: dict[int | str, _Sequence] = {}
         self._cond = threading.Condition(threading.Lock())
@@ -125,12 +131,15 @@ class SequenceScheduler:
     # ---- requests in ---------------------------------------------------------------------------
     def enqueue(self, request: InferRequest) -> None:
         corrid = request.correlation_id
-        if corrid == 0 or corrid == "":
+        if (corrid == 0 or corrid == "") and not self.iterative:
             raise InferError(f"inference request to model '{self.name}' must specify a non-zero "
                              "or non-empty correlation ID")  # fmt: skip
         if self.batching and request.batch_size != 1:
             raise InferError(f"inference request to model '{self.name}' is part of a sequence: "
                              f"its batch size must be 1, got {request.batch_size}")  # fmt: skip
+        if self.iterative:
+            self._start_iterative(request)
+            return
         self._add_controls(request)
         now = time.perf_counter_ns()
         request.queue_start_ns = now
@@ -164,22 +173,96 @@ class SequenceScheduler:
             self._size += 1
             self._cond.notify_all()
 
-    def _add_controls(self, request: InferRequest) -> None:
+    def _start_iterative(self, request: InferRequest) -> None:
+        """A request to a model with iterative sequences: a sequence of its own, its control
+        inputs filled here (START on its first execution; CORRID its correlation ID, or the
+        scheduler's number when it has none)."""
+        number = next(self._numbers)
+        corrid = request.correlation_id or number
+        self._add_controls(request, start=True, end=False, corrid=corrid)
+        now = time.perf_counter_ns()
+        request.queue_start_ns = now
+        with self._cond:
+            if self._closed:
+                raise InferError(f"model '{self.name}' is unloading", Status.UNAVAILABLE)
+            self._sweep(now, full=len(self.sequences) >= MAX_SEQUENCES)
+            if len(self.sequences) >= MAX_SEQUENCES:
+                raise InferError(f"model '{self.name}' has {MAX_SEQUENCES} live sequences; "
+                                 "end one before starting another",
+                                 Status.UNAVAILABLE)  # fmt: skip
+            lane = min(range(len(self.lanes)), key=lambda i: self.lanes[i].live)
+            sequence = self.sequences[-number] = _Sequence(lane, now, queued=1)
+            self.lanes[lane].live += 1
+            self._keys[id(request)] = -number
+            self.lanes[sequence.lane].queue.append(request)
+            self._size += 1
+            self._cond.notify_all()
+
+    def reschedule(self, request: InferRequest) -> InferError | None:
+        """(Iterative sequences.) The model released `request` with RELEASE_RESCHEDULE: it
+        goes to the front of its sequence's lane, ahead of new sequences, so that sequences
+        under way keep their place in the batches. An error if its sequence ended meanwhile
+        (idle past max_sequence_idle_microseconds, Triton's message) or the model unloads."""
+        now = time.perf_counter_ns()
+        with self._cond:
+            key = self._keys.get(id(request))
+            sequence = self.sequences.get(key) if key is not None else None
+            if self._closed:
+                return InferError(f"model '{self.name}' is unloading", Status.UNAVAILABLE)
+            if sequence is not None and sequence.idle(now, self.idle_ns):
+                self._release(key)  # type: ignore[arg-type]
+                sequence = None
+            if sequence is None:
+                return InferError(f"inference request for sequence {request.correlation_id} "
+                                  f"to model '{self.name}' must specify the START flag on the "
+                                  "first request of the sequence")  # fmt: skip
+            for control in self.controls:  # its next execution is not its first
+                if control.kind == Kind.CONTROL_SEQUENCE_START:
+                    request.inputs[control.name] = np.full_like(
+                        request.inputs[control.name], control.false_true[0])
+            sequence.last_ns = now
+            request.queue_start_ns = now
+            self.lanes[sequence.lane].queue.appendleft(request)
+            sequence.queued += 1
+            self._size += 1
+            self._cond.notify_all()
+        return None
+
+    def finished(self, request: InferRequest) -> None:
+        """(Iterative sequences.) `request` was released for good: its sequence ends."""
+        with self._cond:
+            key = self._keys.pop(id(request), None)
+            if key is not None:
+                self._release(key)
+
+    def _key(self, request: InferRequest) -> int | str:
+        if self.iterative:
+            return self._keys.get(id(request), 0)
+        return request.correlation_id
+
+    def _add_controls(self, request: InferRequest, start: bool | None = None,
+                      end: bool | None = None,
+                      corrid: int | str | None = None) -> None:  # fmt: skip
         lead = (1,) if self.batching else ()
+        if start is None:
+            start = bool(request.flags & SEQUENCE_START)
+        if end is None:
+            end = bool(request.flags & SEQUENCE_END)
+        if corrid is None:
+            corrid = request.correlation_id
         for control in self.controls:
             if control.kind == Kind.CONTROL_SEQUENCE_CORRID:
                 dtype = WIRE_TO_NUMPY.get(control.wire, np.dtype(np.object_))
-                value = (str(request.correlation_id).encode() if control.wire == "BYTES"
-                         else request.correlation_id)  # fmt: skip
+                value = str(corrid).encode() if control.wire == "BYTES" else corrid
                 try:
                     array = np.array([value], dtype=dtype).reshape(lead + (1,))
                 except (ValueError, OverflowError, TypeError):
-                    raise InferError(f"correlation ID {request.correlation_id!r} does not "
+                    raise InferError(f"correlation ID {corrid!r} does not "
                                      f"fit control input '{control.name}' ({control.wire})"
                                      ) from None  # fmt: skip
             else:
-                on = {Kind.CONTROL_SEQUENCE_START: request.flags & SEQUENCE_START,
-                      Kind.CONTROL_SEQUENCE_END: request.flags & SEQUENCE_END,
+                on = {Kind.CONTROL_SEQUENCE_START: start,
+                      Kind.CONTROL_SEQUENCE_END: end,
                       Kind.CONTROL_SEQUENCE_READY: True}.get(control.kind, False)  # fmt: skip
                 signal = control.false_true[1 if on else 0]
                 array = np.full(lead + (1,), signal, dtype=WIRE_TO_NUMPY[control.wire])
@@ -235,11 +318,18 @@ class SequenceScheduler:
         for request in lane.queue:
             if request.cancelled:
                 dropped.append(request)
-            elif request.correlation_id not in seen and len(batch) < self.max_batch:
-                seen.add(request.correlation_id)
+                continue
+            key = self._key(request)
+            if key not in seen and len(batch) < self.max_batch:
+                seen.add(key)
                 batch.append(request)
         if dropped:
             self._take(lane, dropped)
+            if self.iterative:  # answered now: their sequences end
+                for request in dropped:
+                    number = self._keys.pop(id(request), None)
+                    if number is not None:
+                        self._release(number)
             return [], 0
         if not batch:
             return [], 0
@@ -248,10 +338,11 @@ class SequenceScheduler:
             if waited < self.delay_ns:
                 return [], self.delay_ns - waited
         self._take(lane, batch)
-        for request in batch:
-            sequence = self.sequences.get(request.correlation_id)
-            if request.flags & SEQUENCE_END and sequence is not None and sequence.ending:
-                self._release(request.correlation_id)
+        if not self.iterative:
+            for request in batch:
+                sequence = self.sequences.get(request.correlation_id)
+                if request.flags & SEQUENCE_END and sequence is not None and sequence.ending:
+                    self._release(request.correlation_id)
         return batch, 0
 
     def _take(self, lane: _Lane, taken: list[InferRequest]) -> None:
@@ -260,7 +351,7 @@ class SequenceScheduler:
         lane.queue = deque(r for r in lane.queue if id(r) not in ids)
         self._size -= len(taken)
         for request in taken:
-            sequence = self.sequences.get(request.correlation_id)
+            sequence = self.sequences.get(self._key(request))
             if sequence is not None:
                 sequence.queued -= 1
 
@@ -272,6 +363,7 @@ class SequenceScheduler:
                 lane.queue.clear()
             self._size = 0
             self.sequences.clear()
+            self._keys.clear()
             self._cond.notify_all()
         return leftover
 
@@ -293,3 +385,13 @@ class _LaneView:
             batch = self.scheduler.next_batch(self.index)
             if batch is None or batch:
                 return batch
+
+    @property
+    def iterative(self) -> bool:
+        return self.scheduler.iterative
+
+    def reschedule(self, request: InferRequest) -> InferError | None:
+        return self.scheduler.reschedule(request)
+
+    def finished(self, request: InferRequest) -> None:
+        self.scheduler.finished(request)

@@ -32,8 +32,19 @@ class Deferred:
 
 
 DEFERRED = Deferred()
-# One result per request: its output tensors, the exception that failed it alone, or DEFERRED.
-Result = dict[str, np.ndarray] | Exception | Deferred
+
+
+class Rescheduled:
+    """The result of a request the model released with RELEASE_RESCHEDULE: it goes back to the
+    sequence batcher for a later batch (sequence_batching { iterative_sequence: true })."""
+
+    __slots__ = ()
+
+
+RESCHEDULED = Rescheduled()
+# One result per request: its output tensors, the exception that failed it alone, DEFERRED or
+# RESCHEDULED.
+Result = dict[str, np.ndarray] | Exception | Deferred | Rescheduled
 # how an instance answers a deferred request: (request, outputs, None) or (request, None, error)
 Complete = Callable[[InferRequest, Outputs | None, Exception | None], None]
 

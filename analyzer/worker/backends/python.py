@@ -34,6 +34,7 @@ from analyzer.repository.repository import ModelSource
 from analyzer.worker import load_deadline, sched
 from analyzer.worker.backends.base import (
     DEFERRED,
+    RESCHEDULED,
     Backend,
     BackendInstance,
     InstanceSpec,
@@ -633,6 +634,9 @@ class PythonInstance(BackendInstance):
             self.stub.on_control = self._control
         self._finalizing = False  # the model loading API is refused from finalize(), as Triton's
         self.decoupled = source.config.model_transaction_policy.decoupled
+        # RELEASE_RESCHEDULE sends a request back to the sequence batcher
+        self.iterative = source.config.sequence_batching.iterative_sequence
+        self.model_name = source.name
         # what a request that names no outputs asks for: all the config's, as Triton's core
         # fills them in, so the model sees them and returns no undeclared tensor
         self.output_names = [o.name for o in source.config.output]
@@ -720,7 +724,7 @@ class PythonInstance(BackendInstance):
         if self.decoupled:
             timing.compute_input_ns = t1 - t0
             timing.compute_infer_ns = time.perf_counter_ns() - t1
-            return self._defer(serials)
+            return self._defer(serials, reply.get("rescheduled") or ())
         t2 = time.perf_counter_ns()
         if reply["fd"] is not False:
             try:
@@ -731,7 +735,12 @@ class PythonInstance(BackendInstance):
                 ) from None
         results: list[Result] = []
         codes = reply.get("codes") or [1] * len(reply["errors"])
-        for outputs, error, code in zip(reply["outputs"], reply["errors"], codes, strict=True):
+        rescheduled = set(reply.get("rescheduled") or ())
+        for index, (outputs, error, code) in enumerate(
+                zip(reply["outputs"], reply["errors"], codes, strict=True)):  # fmt: skip
+            if index in rescheduled:
+                results.append(self._rescheduled())
+                continue
             if error is not None:
                 results.append(model_error(error, code))
                 continue
@@ -767,14 +776,31 @@ class PythonInstance(BackendInstance):
                 self._open.pop(serial, None)
             self._open_lock.notify_all()
 
-    def _defer(self, serials: Sequence[int]) -> list[Result]:
+    def _rescheduled(self) -> Result:
+        """A request the model released with RELEASE_RESCHEDULE: back to the batcher, where
+        the config allows it (Triton answers it with this error otherwise)."""
+        if self.iterative:
+            return RESCHEDULED
+        return InferError("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
+                          f"but model '{self.model_name}' is not configured with "
+                          "sequence_batching { iterative_sequence: true }",
+                          Status.INTERNAL)  # fmt: skip
+
+    def _defer(self, serials: Sequence[int], rescheduled: Sequence[int] = ()) -> list[Result]:
         """execute() returned: the requests still open are answered at their final flag, by
-        the channel's reader, while this instance takes its next batch (Triton's rule)."""
+        the channel's reader, while this instance takes its next batch (Triton's rule); those
+        released with RELEASE_RESCHEDULE go back to the batcher, their next execution a
+        request of its own here."""
         results: list[Result] = []
+        again = {serials[index] for index in rescheduled if 0 <= index < len(serials)}
         with self._open_lock:
             for serial in serials:
                 entry = self._open.get(serial)
-                if entry is None:  # final during execute(): the runner answers it now
+                if entry is not None and serial in again:
+                    del self._open[serial]
+                    self._open_lock.notify_all()
+                    results.append(self._rescheduled())
+                elif entry is None:  # final during execute(): the runner answers it now
                     results.append({})
                 else:
                     entry.deferred = True

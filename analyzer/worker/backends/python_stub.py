@@ -834,8 +834,14 @@ class Stub:
         errors: list[str | None] = []
         codes: list[int] = []  # each error's TritonError code: the client's status
         params: list[dict[str, Any] | None] = []  # each response's parameters, if any
-        for request, response in zip(requests, responses, strict=False):
-            if response is None or response.has_error():
+        rescheduled = _rescheduled(requests)
+        for index, (request, response) in enumerate(zip(requests, responses, strict=False)):
+            if index in rescheduled:  # back to the batcher: no response (Triton's)
+                errors.append(None)
+                codes.append(1)
+                outputs.append(None)
+                params.append(None)
+            elif response is None or response.has_error():
                 err = response.error() if response is not None else None
                 errors.append(err.message() if err else "the model sent no response")
                 codes.append(_code(err))
@@ -857,6 +863,8 @@ class Stub:
                           "errors": errors, "codes": codes, "fd": fd}  # fmt: skip
         if any(params):
             reply["params"] = params
+        if rescheduled:
+            reply["rescheduled"] = sorted(rescheduled)
         return reply
 
     def _execute_decoupled(self, requests: list[pb_utils.InferenceRequest],
@@ -879,7 +887,14 @@ class Stub:
             raise pb_utils.TritonModelException(
                 "a decoupled model's execute() returns None and answers through "
                 "request.get_response_sender()")  # fmt: skip
-        return {"decoupled": True}
+        reply: Message = {"decoupled": True}
+        rescheduled = _rescheduled(requests)
+        if rescheduled:
+            with self.send_lock:  # the next execution of each is a request of its own here
+                rescheduled = {i for i in rescheduled if serials[i] in self.open}
+                self.open.difference_update(serials[i] for i in rescheduled)
+            reply["rescheduled"] = sorted(rescheduled)
+        return reply
 
     def _emit(self, serial: int, response: pb_utils.InferenceResponse | None, final: bool,
               request: pb_utils.InferenceRequest) -> None:
@@ -977,6 +992,12 @@ def main() -> None:
     bell = socket.socket(fileno=bell_fd)
     bell.setblocking(False)
     Stub(conn, sock, bell).serve()
+
+
+def _rescheduled(requests: list[pb_utils.InferenceRequest]) -> set[int]:
+    """The indexes of the requests execute() released with RELEASE_RESCHEDULE."""
+    return {index for index, request in enumerate(requests)
+            if request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE}
 
 
 def _owned(array: np.ndarray, copy: bool) -> np.ndarray:

@@ -316,6 +316,7 @@ class InferenceRequest:
         self._emit: Callable[[InferenceResponse | None, bool], None] | None = None
         # set by the stub for the requests execute() gets: asks the worker about cancellation
         self._ask_cancelled: Callable[[], bool] | None = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -352,11 +353,18 @@ class InferenceRequest:
         return InferenceTrace()
 
     def set_release_flags(self, flags: int) -> None:
-        """Request rescheduling needs sequence_batching.iterative_sequence, which the worker
-        refuses at load; releasing a request as usual (RELEASE_ALL) is what happens anyway."""
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException("request rescheduling (TRITONSERVER_REQUEST_RELEASE_"
-                                       "RESCHEDULE) is not supported by this worker")  # fmt: skip
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: this request goes back to the sequence
+        batcher when execute() returns, for a later batch (a model with
+        sequence_batching { iterative_sequence: true }); a model that is not decoupled
+        returns None as its response."""
+        if not isinstance(flags, int) or flags not in (TRITONSERVER_REQUEST_RELEASE_ALL,
+                                                       TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"release flags must be TRITONSERVER_REQUEST_RELEASE_ALL "
+                                       f"or ..._RESCHEDULE, not {flags!r}")  # fmt: skip
+        self._release_flags = flags
+
+    def release_flags(self) -> int:
+        return self._release_flags
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled this request (see InferenceResponseSender)."""
