@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import struct
 
-import ml_dtypes
 import numpy as np
+
+try:  # a python model's own environment (EXECUTION_ENV_PATH) may lack it: no BF16 there
+    import ml_dtypes
+except ImportError:  # pragma: no cover - the worker's own environment has it
+    ml_dtypes = None
 
 # KServe/Triton wire names -> numpy dtypes. BYTES elements are Python bytes objects.
 WIRE_TO_NUMPY: dict[str, np.dtype] = {
@@ -25,9 +29,10 @@ WIRE_TO_NUMPY: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
     "BYTES": np.dtype(np.object_),
 }
+if ml_dtypes is not None:
+    WIRE_TO_NUMPY["BF16"] = np.dtype(ml_dtypes.bfloat16)
 _NUMPY_TO_WIRE = {v: k for k, v in WIRE_TO_NUMPY.items()}
 # A shape from the network is checked before anything is sized from it: numpy refuses (or a
 # product overflows) well before 2**63 bytes, and no real request has more than a few dims.

@@ -98,6 +98,9 @@ def broken(tmp_path: Path) -> Path:
     config = (repo / "cnn" / "config.pbtxt").read_text().replace('"tiny_cnn"', '"cnn"')
     _write(repo / "cnn" / "config.pbtxt", config.replace(
         "input [", 'input [\n  { name: "EXTRA__1" data_type: TYPE_FP32 dims: [ 1 ] },'))
+    _python_model(repo, "conda", PY_CONFIG.format(name="conda")
+                  + 'parameters { key: "EXECUTION_ENV_PATH" '
+                  + 'value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
     _python_model(repo, "warm", PY_CONFIG.format(name="warm")
                   + 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
                   + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "INN" value {'
@@ -153,6 +156,8 @@ def test_every_broken_case_is_one_line_with_its_fix(broken: Path):
         "mean 'IN'?",
         "warm/config.pbtxt: model_warmup 'w' input 'INN' has dims [-1]; give every dimension",
         "warm/warmup/a.bin: is missing (model_warmup 'w' input 'INN' reads it)",
+        "conda/config.pbtxt: parameters.EXECUTION_ENV_PATH '$$TRITON_MODEL_DIRECTORY/env.tar.gz' "
+        "does not exist; point EXECUTION_ENV_PATH at a conda-pack archive",
         "pipeline/config.pbtxt, step 1 ('nosuch'): names model 'nosuch', which is not in the "
         "repository",
         "pipeline/config.pbtxt, step 2 ('typo'): input_map value 'LOST' is neither an ensemble "

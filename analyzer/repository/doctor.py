@@ -199,7 +199,17 @@ class _ModelCheck:
             return self.findings
         for version in chosen:
             self._model_file(config, backend, version)
+        if backend == "python":
+            self._execution_env(config)
         return self.findings
+
+    def _execution_env(self, config: ModelConfig) -> None:
+        from analyzer.worker.backends.python_env import quick_problem
+
+        problem = quick_problem(config, self.folder)
+        if problem is not None:
+            self.add(self.config_path, problem, "point EXECUTION_ENV_PATH at a conda-pack "
+                     "archive or an environment folder holding bin/activate")  # fmt: skip
 
     # -- the config ---------------------------------------------------------------------------
     def _config(self) -> ModelConfig | None:

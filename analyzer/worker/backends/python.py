@@ -40,6 +40,7 @@ from analyzer.worker.backends.base import (
     InstanceSpec,
     Result,
 )
+from analyzer.worker.backends.python_env import ExecutionEnv, execution_env
 from analyzer.worker.backends.python_stub import (
     Message,
     ShmArena,
@@ -123,15 +124,17 @@ class StubProcess:
     The child stays in the worker's process group, so a launcher's killpg reaches it too.
     """
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, execution_env: ExecutionEnv | None = None):
         self.label = label
         parent, child = socket.socketpair()
         # the model rings this between the worker's calls when it sent something (start_bell)
         self.bell, child_bell = socket.socketpair()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        base = execution_env.environ if execution_env is not None else os.environ
+        env = {**base, "PYTHONUNBUFFERED": "1"}
+        python = execution_env.python if execution_env is not None else sys.executable
         try:
             self.process = _spawner.popen(
-                [sys.executable, "-m", "analyzer.worker.backends.python_stub",
+                [python, "-m", "analyzer.worker.backends.python_stub",
                  str(child.fileno()), str(os.getpid()), str(child_bell.fileno())],
                 pass_fds=(child.fileno(), child_bell.fileno()),
                 stdin=subprocess.DEVNULL,
@@ -585,7 +588,8 @@ class PythonBackend(Backend):
             raise ValueError(
                 f"model '{source.name}' version {version}: {model_file} does not exist"
             )
-        stub = StubProcess(f"python model '{source.name}' (auto-complete)")
+        stub = StubProcess(f"python model '{source.name}' (auto-complete)",
+                           execution_env(source.config, source.path))
         try:  # as long as it takes (Triton's), unless the load has a deadline
             reply = stub.call(
                 {"op": "auto_complete", "model_file": str(model_file),
@@ -626,7 +630,7 @@ class PythonInstance(BackendInstance):
     def __init__(self, source: ModelSource, version: int, spec: InstanceSpec,
                  models: Models | None = None):  # fmt: skip
         self.name = f"python model '{source.name}' instance {spec.name}"
-        self.stub = StubProcess(self.name)
+        self.stub = StubProcess(self.name, execution_env(source.config, source.path))
         self.stub.is_cancelled = self._cancelled
         self.models = models
         if models is not None:
