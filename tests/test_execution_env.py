@@ -3,6 +3,7 @@ or a packed archive holding bin/activate, whose Python runs the model with its o
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -75,6 +76,10 @@ def test_a_model_runs_in_its_own_environment(tmp_path, environments):
                   'value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
     with tarfile.open(repo / "in_archive" / "env.tar.gz", "w:gz") as tar:
         tar.add(packed, arcname=".")
+    # a profile's variants hard-link the model's files: one extraction serves them all
+    python_models(repo, {"variant": MODEL}, CONFIG + 'parameters { key: "EXECUTION_ENV_PATH" '
+                  'value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
+    os.link(repo / "in_archive" / "env.tar.gz", repo / "variant" / "env.tar.gz")
     served = start_worker(repo, "--model-control-mode", "explicit", "--load-model", "*")
     try:
         with httpclient.InferenceServerClient(served.http) as client:
@@ -83,6 +88,7 @@ def test_a_model_runs_in_its_own_environment(tmp_path, environments):
             value, prefix = _ask(client, "in_archive")
             assert value == "from the archive"
             assert Path(prefix) != packed and (Path(prefix) / "bin" / "activate").is_file()
+            assert _ask(client, "variant") == [value, prefix]
             # the same archive is not extracted again for a second load
             client.unload_model("in_archive")
             client.load_model("in_archive")

@@ -46,7 +46,9 @@ class ExecutionEnv:
 
 
 _lock = threading.Lock()
-_extracted: dict[str, tuple[float, Path]] = {}  # archive (canonical) -> (its mtime, folder)
+# an archive (its device and inode: the profile's variants hard-link one archive) -> (its
+# mtime, the folder it was extracted to)
+_extracted: dict[tuple[int, int], tuple[float, Path]] = {}
 _probed: dict[tuple[str, float], str | None] = {}  # (python, its mtime) -> problem, or None
 _base: Path | None = None  # this worker's folder for extracted environments, removed at exit
 
@@ -131,10 +133,12 @@ def _stub_path() -> Path:
 
 def _extract(archive: Path, where: str) -> Path:
     """A packed environment's folder: extracted once, again when the archive changes (Triton's
-    rule); an archive's members cannot land outside it."""
+    rule), once for all the hard links to it (a profile's variants); an archive's members
+    cannot land outside it."""
     with _lock:
-        mtime = archive.stat().st_mtime
-        known = _extracted.get(str(archive))
+        stat = archive.stat()
+        identity, mtime = (stat.st_dev, stat.st_ino), stat.st_mtime
+        known = _extracted.get(identity)
         if known is not None and known[0] == mtime:
             return known[1]
         target = known[1] if known is not None else _base_dir() / f"env-{len(_extracted)}"
@@ -152,7 +156,7 @@ def _extract(archive: Path, where: str) -> Path:
         except ExecutionEnvError:
             shutil.rmtree(target, ignore_errors=True)
             raise
-        _extracted[str(archive)] = (mtime, target)
+        _extracted[identity] = (mtime, target)
         return target
 
 
