@@ -110,10 +110,52 @@ class TritonPythonModel:
 '''
 
 
+# async def execute: request 1's coroutine waits (10 s at most) for request 2's execute() on the
+# same instance, then answers 1 if it came (the coroutines ran side by side, Triton's rule for a
+# decoupled model) or 0; request 2 answers 2. Request 3 sends 30, then its coroutine raises.
+ASYNC = '''
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def out(value):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], dtype=np.int32))])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.second = None
+
+    async def execute(self, requests):
+        if self.second is None:
+            self.second = asyncio.Event()
+        for request in requests:
+            value = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            if value == 1:
+                try:
+                    await asyncio.wait_for(self.second.wait(), 10)
+                    sender.send(out(1), flags=FINAL)
+                except asyncio.TimeoutError:
+                    sender.send(out(0), flags=FINAL)
+            elif value == 2:
+                self.second.set()
+                sender.send(out(2), flags=FINAL)
+            else:
+                sender.send(out(30))
+                await asyncio.sleep(0.01)
+                raise RuntimeError("the coroutine failed half way")
+'''
+
+
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     repo = tmp_path_factory.mktemp("decoupled_instances")
-    python_models(repo, {"overlap": OVERLAP, "dies": DIES, "slow": SLOW},
+    python_models(repo, {"overlap": OVERLAP, "dies": DIES, "slow": SLOW, "async": ASYNC},
                   'max_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n' + IO)
     served = start_worker(repo, "--model-control-mode", "explicit", "--load-model", "*")
     yield served
@@ -198,3 +240,34 @@ def test_an_unload_lets_open_requests_finish(worker):
             assert not client.is_model_ready("slow")
     finally:
         stream.close()
+
+
+def test_async_executes_of_a_decoupled_model_run_side_by_side(worker):
+    """The instance waited for each async execute() to finish before it took the next call:
+    a model waiting on I/O served one request at a time."""
+    stream = _Stream(worker.grpc)
+    try:
+        stream.send("async", 1, "first")
+        stream.send("async", 2, "second")
+        got = {}
+        for _ in range(2):
+            request_id, value, final, error = stream.next()
+            assert error is None and final, error
+            got[request_id] = value
+    finally:
+        stream.close()
+    assert got == {"first": 1, "second": 2}
+
+
+def test_a_failed_async_execute_answers_its_open_requests(worker):
+    """Its coroutine raised after one response, after execute() had returned (it runs in the
+    background now): the request still gets the error as its final answer, not an open stream
+    until the model's unload."""
+    stream = _Stream(worker.grpc)
+    try:
+        stream.send("async", 3, "r")
+        assert stream.next()[:2] == ("r", 30)
+        _, _, _, error = stream.next()
+    finally:
+        stream.close()
+    assert error is not None and "the coroutine failed half way" in str(error)

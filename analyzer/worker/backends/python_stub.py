@@ -12,6 +12,7 @@ The GIL of this process is the model's alone; the process dies with the worker.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ctypes
 import errno
 import importlib.util
@@ -451,6 +452,9 @@ class BlsClient:
 
     def _readable(self) -> None:
         with self.cond:
+            if not self.futures:  # no coroutine waits for a reply: the serve loop reads
+                self.stop_watching()
+                return
             if self.reading or self.closed:
                 return
             self.reading = True
@@ -705,7 +709,10 @@ class Stub:
         self.open: set[int] = set()
         self.bls = BlsClient(conn, sock, self.send_lock, bell)
         self.bell = bell  # also how the worker asks the model's is_ready() (answer_readiness)
-        self.loop = asyncio.new_event_loop()  # for models whose execute() is a coroutine
+        # where a model's coroutines run (async execute(), is_ready()): one event loop on a
+        # thread of its own, made on first use, as Triton's stub has
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
         pb_utils._bls_client = self.bls
 
     def serve(self) -> None:
@@ -765,7 +772,6 @@ class Stub:
         ready", written to the model's log."""
         bell = self.bell
         assert bell is not None
-        loop: asyncio.AbstractEventLoop | None = None
         while True:
             try:
                 select.select([bell], [], [])
@@ -779,9 +785,9 @@ class Stub:
             ready = False
             try:
                 result = self.model.is_ready()
-                if inspect.isawaitable(result):
-                    loop = loop or asyncio.new_event_loop()
-                    result = loop.run_until_complete(result)
+                if inspect.isawaitable(result):  # on the model's loop, as Triton runs it
+                    result = asyncio.run_coroutine_threadsafe(
+                        result, self.async_loop()).result()  # type: ignore[arg-type]
                 if not isinstance(result, bool):
                     raise TypeError(f"is_ready() must return a boolean value, not "
                                     f"{type(result).__name__}")  # fmt: skip
@@ -822,13 +828,27 @@ class Stub:
             return False
         return self.bls.ask_cancelled(serial)
 
+    def async_loop(self) -> asyncio.AbstractEventLoop:
+        """The model's event loop, running on its own thread from the first coroutine on."""
+        with self._loop_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="asyncio", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def run_coroutine(self, coroutine: Any) -> Any:
+        """Run a coroutine of the model's on its loop and wait for its result."""
+        loop = self.async_loop()
+        try:
+            return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+        finally:  # replies to its BLS calls are read by the serve loop again
+            loop.call_soon_threadsafe(self.bls.stop_watching)
+
     def _execute(self, requests: list[pb_utils.InferenceRequest]) -> Message:
         result = self.model.execute(requests)
         if inspect.isawaitable(result):  # async def execute (BLS with async_exec)
-            try:
-                result = self.loop.run_until_complete(result)
-            finally:
-                self.bls.stop_watching()
+            result = self.run_coroutine(result)
         responses = self._responses(requests, result)
         outputs: list[list[tuple[str, np.ndarray]] | None] = []
         errors: list[str | None] = []
@@ -878,11 +898,10 @@ class Stub:
             request._emit = (lambda response, final, n=serial, r=request:
                              self._emit(n, response, final, r))  # fmt: skip
         result = self.model.execute(requests)
-        if inspect.isawaitable(result):
-            try:
-                result = self.loop.run_until_complete(result)
-            finally:
-                self.bls.stop_watching()
+        if inspect.iscoroutine(result):  # runs on the model's loop; the next call may start
+            future = asyncio.run_coroutine_threadsafe(result, self.async_loop())
+            future.add_done_callback(lambda done: self._async_done(done, serials))
+            result = None
         if result is not None:
             raise pb_utils.TritonModelException(
                 "a decoupled model's execute() returns None and answers through "
@@ -895,6 +914,32 @@ class Stub:
                 self.open.difference_update(serials[i] for i in rescheduled)
             reply["rescheduled"] = sorted(rescheduled)
         return reply
+
+    def _async_done(self, done: concurrent.futures.Future[Any], serials: list[int]) -> None:
+        """A decoupled model's async execute() ended. If it raised (or returned something),
+        its traceback goes to the log, as Triton's; its requests still open are answered with
+        that error here, so that no client waits for ever."""
+        try:
+            error = done.exception()
+        except concurrent.futures.CancelledError:
+            error = RuntimeError("the model's event loop stopped")
+        if error is None and done.result() is not None:
+            error = pb_utils.TritonModelException(
+                "a decoupled model's execute() returns None and answers through "
+                "request.get_response_sender()")  # fmt: skip
+        if error is None:
+            return
+        print("".join(traceback.format_exception(error)), file=sys.stderr, flush=True)
+        with self.send_lock:
+            still = [serial for serial in serials if serial in self.open]
+            self.open.difference_update(still)
+            for serial in still:
+                try:
+                    self.conn.send({"op": "response", "request": serial, "final": True,
+                                    "error": f"{type(error).__name__}: {error}", "code": 1,
+                                    "empty": False, "fd": False})  # fmt: skip
+                except OSError:
+                    return
 
     def _emit(self, serial: int, response: pb_utils.InferenceResponse | None, final: bool,
               request: pb_utils.InferenceRequest) -> None:
@@ -960,6 +1005,8 @@ class Stub:
         return responses
 
     def op_finalize(self, message: Message) -> Message:
+        if self._loop is not None:  # Triton's order: the model's loop stops, then finalize()
+            self._loop.call_soon_threadsafe(self._loop.stop)
         if self.model is not None and hasattr(self.model, "finalize"):
             self.model.finalize()
         return {"ok": True}
