@@ -144,22 +144,14 @@ class SequenceScheduler:
         now = time.perf_counter_ns()
         request.queue_start_ns = now
         with self._cond:
-            if self._closed:
-                raise InferError(f"model '{self.name}' is unloading", Status.UNAVAILABLE)
-            self._sweep(now, full=len(self.sequences) >= MAX_SEQUENCES)
+            self._admit(now)
             sequence = self.sequences.get(corrid)
             if sequence is not None and sequence.idle(now, self.idle_ns):
                 self._release(corrid)  # idle past the limit: as if never started
                 sequence = None
             if request.flags & SEQUENCE_START:
                 if sequence is None:
-                    if len(self.sequences) >= MAX_SEQUENCES:
-                        raise InferError(f"model '{self.name}' has {MAX_SEQUENCES} live "
-                                         "sequences; end one before starting another",
-                                         Status.UNAVAILABLE)  # fmt: skip
-                    lane = min(range(len(self.lanes)), key=lambda i: self.lanes[i].live)
-                    sequence = self.sequences[corrid] = _Sequence(lane, now)
-                    self.lanes[lane].live += 1
+                    sequence = self._new_sequence(corrid, now)
                 sequence.ending = False
             elif sequence is None or sequence.ending:
                 raise InferError(f"inference request for sequence {corrid} to model "
@@ -183,20 +175,30 @@ class SequenceScheduler:
         now = time.perf_counter_ns()
         request.queue_start_ns = now
         with self._cond:
-            if self._closed:
-                raise InferError(f"model '{self.name}' is unloading", Status.UNAVAILABLE)
-            self._sweep(now, full=len(self.sequences) >= MAX_SEQUENCES)
-            if len(self.sequences) >= MAX_SEQUENCES:
-                raise InferError(f"model '{self.name}' has {MAX_SEQUENCES} live sequences; "
-                                 "end one before starting another",
-                                 Status.UNAVAILABLE)  # fmt: skip
-            lane = min(range(len(self.lanes)), key=lambda i: self.lanes[i].live)
-            sequence = self.sequences[-number] = _Sequence(lane, now, queued=1)
-            self.lanes[lane].live += 1
+            self._admit(now)
+            sequence = self._new_sequence(-number, now)
             self._keys[id(request)] = -number
             self.lanes[sequence.lane].queue.append(request)
+            sequence.queued += 1
             self._size += 1
             self._cond.notify_all()
+
+    def _admit(self, now: int) -> None:
+        """(Under the lock.) Refuse a request while unloading; end idle sequences first."""
+        if self._closed:
+            raise InferError(f"model '{self.name}' is unloading", Status.UNAVAILABLE)
+        self._sweep(now, full=len(self.sequences) >= MAX_SEQUENCES)
+
+    def _new_sequence(self, key: int | str, now: int) -> _Sequence:
+        """(Under the lock.) A live sequence, on the instance with the fewest; refused past
+        MAX_SEQUENCES."""
+        if len(self.sequences) >= MAX_SEQUENCES:
+            raise InferError(f"model '{self.name}' has {MAX_SEQUENCES} live sequences; end one "
+                             "before starting another", Status.UNAVAILABLE)  # fmt: skip
+        lane = min(range(len(self.lanes)), key=lambda i: self.lanes[i].live)
+        sequence = self.sequences[key] = _Sequence(lane, now)
+        self.lanes[lane].live += 1
+        return sequence
 
     def reschedule(self, request: InferRequest) -> InferError | None:
         """(Iterative sequences.) The model released `request` with RELEASE_RESCHEDULE: it
