@@ -136,3 +136,39 @@ def test_a_config_from_the_network_still_may_not_point_outside_the_model(tmp_pat
                 client.load_model("m", config=config)
     finally:
         served.stop()
+
+
+def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> None:
+    import io
+
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def test_an_archive_cannot_write_outside_its_folder(tmp_path):
+    """Through a hard link to a file elsewhere, or a symbolic link to a folder elsewhere, an
+    archive's next member would have been written outside the extraction folder."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("untouched")
+    hard = tarfile.TarInfo("secret.txt")
+    hard.type, hard.linkname = tarfile.LNKTYPE, str(outside / "secret.txt")
+    link = tarfile.TarInfo("lib")
+    link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    archives = {
+        "hard": [(hard, None), (tarfile.TarInfo("secret.txt"), b"overwritten")],
+        "through_link": [(link, None), (tarfile.TarInfo("lib/secret.txt"), b"overwritten")],
+    }
+    for name, members in archives.items():
+        python_models(repo, {name: MODEL}, CONFIG + 'parameters { key: "EXECUTION_ENV_PATH" '
+                      'value: { string_value: "env.tar.gz" } }\n')
+        _tar(repo / name / "env.tar.gz", members)
+    errors = ModelManager(repo).startup([])
+    assert len(errors) == 2 and all("cannot be extracted" in error for error in errors), errors
+    assert (outside / "secret.txt").read_text() == "untouched"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]

@@ -149,7 +149,7 @@ def _extract(archive: Path, where: str) -> Path:
                 raise ExecutionEnvError(f"{where} is neither a folder nor a tar archive (conda-"
                                         "pack's .tar.gz, .tgz, .tar.bz2, .tar.xz or .tar)")
             with tarfile.open(archive) as tar:
-                tar.extractall(target, filter="tar")
+                tar.extractall(target, filter=_member)
         except (tarfile.TarError, OSError, EOFError) as err:
             shutil.rmtree(target, ignore_errors=True)
             raise ExecutionEnvError(f"{where} cannot be extracted: {err}") from None
@@ -158,6 +158,19 @@ def _extract(archive: Path, where: str) -> Path:
             raise
         _extracted[identity] = (mtime, target)
         return target
+
+
+def _member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's "data" filter (nothing lands outside the folder, no link leads out of it, no
+    device files, no setuid bits), except that a symbolic link may name an absolute path: a
+    venv's bin/python names its base interpreter. Writing through such a link is still refused,
+    since every member's own path is checked after links."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.AbsoluteLinkError:
+        if member.issym():
+            return tarfile.tar_filter(member, dest)
+        raise
 
 
 def _probe(python: Path, environ: dict[str, str]) -> str | None:
