@@ -237,3 +237,46 @@ def test_many_queued_sequences_cost_each_request_a_bounded_amount_of_work(monkey
     assert len(s.close()) == 2 * n
     t.join(5)
     assert results == [None]
+
+
+def _scheduler(config_text: str):
+    from analyzer.worker.sequence import SequenceScheduler
+
+    s = SequenceScheduler(parse_model_config(config_text), ModelStats("m", 1), lambda *a: None)
+    s.set_instances(1)
+    return s
+
+
+def test_sequences_beyond_the_slots_wait_in_the_backlog_until_one_ends():
+    """Every live sequence was a candidate for every batch; Triton gives an instance
+    max_batch_size sequence slots (max_candidate_sequences with `oldest`), and a sequence
+    started beyond them waits, with its requests, until a slot frees."""
+    from analyzer.worker.params import SEQUENCE_END
+
+    s = _scheduler('name: "m"\nmax_batch_size: 2\nsequence_batching { direct { } }')
+    for corrid in (1, 2, 3):
+        s.enqueue(_sequence_request(corrid, start=True))
+    lane = s.lane(0)
+    assert [r.correlation_id for r in lane.next_batch()] == [1, 2]  # 3 holds no slot
+    s.enqueue(_sequence_request(3, start=False))  # held with its sequence
+    s.enqueue(_sequence_request(2, start=False))
+    end = _sequence_request(1, start=False)
+    end.flags |= SEQUENCE_END
+    s.enqueue(end)
+    assert [r.correlation_id for r in lane.next_batch()] == [2, 1]
+    assert s.pending == 2  # sequence 3's two requests, now in the lane
+    assert [r.correlation_id for r in lane.next_batch()] == [3]
+    assert [r.correlation_id for r in lane.next_batch()] == [3]
+
+
+def test_max_candidate_sequences_sets_the_oldest_strategys_slots():
+    s = _scheduler('name: "m"\nmax_batch_size: 4\nsequence_batching { oldest { '
+                   'max_candidate_sequences: 1 } }')
+    for corrid in (1, 2):
+        s.enqueue(_sequence_request(corrid, start=True))
+        s.enqueue(_sequence_request(corrid, start=False))
+    lane = s.lane(0)
+    assert [r.correlation_id for r in lane.next_batch()] == [1]
+    assert [r.correlation_id for r in lane.next_batch()] == [1]
+    leftover = s.close()  # the held requests are answered too
+    assert [r.correlation_id for r in leftover] == [2, 2]

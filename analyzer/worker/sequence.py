@@ -3,9 +3,13 @@
 Every sequence -- the requests sharing one correlation id, from the one flagged START to the one
 flagged END -- lives on one model instance for its whole life (the instance with the fewest live
 sequences when it starts), so a model that keeps state per sequence finds it there. Each instance
-has its own queue ("lane"); a batch takes at most one request per sequence, oldest first, up to
-max_batch_size. With the `direct` strategy a batch leaves as soon as the instance is free; with
-`oldest` it may wait up to `max_queue_delay_microseconds` for a preferred or full batch.
+has its own queue ("lane") and, as in Triton, a number of sequence slots: max_batch_size (at
+least 1), or `oldest.max_candidate_sequences` when that is set. A sequence that starts when
+every slot is taken waits in the backlog, its requests with it, until a sequence ends (or idles
+out) and frees a slot; backlog sequences get slots in the order they started. A batch takes at
+most one request per sequence, oldest first, up to max_batch_size. With the `direct` strategy
+a batch leaves as soon as the instance is free; with `oldest` it may wait up to
+`max_queue_delay_microseconds` for a preferred or full batch.
 
 The control inputs the config declares are added to each request before it is queued: START and
 END (1 on the request that carries the flag), READY (1: every request in a batch is a ready one;
@@ -76,10 +80,11 @@ def controls_of(config: ModelConfig) -> list[Control]:
 
 @dataclass
 class _Sequence:
-    lane: int
+    lane: int | None  # None: in the backlog, waiting for a slot
     last_ns: int
     ending: bool = False  # its END request is queued: released when it is taken
-    queued: int = 0  # its requests in the lane's queue (an idle sequence has none)
+    queued: int = 0  # its requests queued, in the lane or held (an idle sequence has none)
+    held: list[InferRequest] = field(default_factory=list)  # in the backlog: its requests
 
     def idle(self, now: int, idle_ns: int) -> bool:
         return self.queued == 0 and now - self.last_ns > idle_ns
@@ -105,6 +110,12 @@ class SequenceScheduler:
         self.target = max([p for p in preferred if p <= self.max_batch] or [self.max_batch])
         self.idle_ns = (sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
         self.controls = controls_of(config)
+        # sequence slots per instance (Triton's seq_slot_cnt); sequences beyond wait in the
+        # backlog, in start order, each holding its requests
+        self.slots = max(config.max_batch_size, 1)
+        if self.oldest and sb.oldest.max_candidate_sequences > 0:
+            self.slots = sb.oldest.max_candidate_sequences
+        self.waiting: deque[int | str] = deque()
         # iterative sequences: each request is a sequence of its own, keyed here by the
         # request (id) with a number of the scheduler's; RELEASE_RESCHEDULE queues it again
         self.iterative = bool(sb.iterative_sequence)
@@ -160,9 +171,7 @@ class SequenceScheduler:
             sequence.last_ns = now
             if request.flags & SEQUENCE_END:
                 sequence.ending = True
-            self.lanes[sequence.lane].queue.append(request)
-            sequence.queued += 1
-            self._size += 1
+            self._queue(sequence, request)
             self._cond.notify_all()
 
     def _start_iterative(self, request: InferRequest) -> None:
@@ -178,9 +187,7 @@ class SequenceScheduler:
             self._admit(now)
             sequence = self._new_sequence(-number, now)
             self._keys[id(request)] = -number
-            self.lanes[sequence.lane].queue.append(request)
-            sequence.queued += 1
-            self._size += 1
+            self._queue(sequence, request)
             self._cond.notify_all()
 
     def _admit(self, now: int) -> None:
@@ -195,10 +202,38 @@ class SequenceScheduler:
         if len(self.sequences) >= MAX_SEQUENCES:
             raise InferError(f"model '{self.name}' has {MAX_SEQUENCES} live sequences; end one "
                              "before starting another", Status.UNAVAILABLE)  # fmt: skip
-        lane = min(range(len(self.lanes)), key=lambda i: self.lanes[i].live)
-        sequence = self.sequences[key] = _Sequence(lane, now)
-        self.lanes[lane].live += 1
+        fewest = min(range(len(self.lanes)), key=lambda i: self.lanes[i].live)
+        if self.lanes[fewest].live >= self.slots:  # every slot is taken: the backlog
+            self.waiting.append(key)
+            sequence = self.sequences[key] = _Sequence(None, now)
+        else:
+            self.lanes[fewest].live += 1
+            sequence = self.sequences[key] = _Sequence(fewest, now)
         return sequence
+
+    def _queue(self, sequence: _Sequence, request: InferRequest) -> None:
+        """(Under the lock.) Into its sequence's lane, or the backlog."""
+        if sequence.lane is None:
+            sequence.held.append(request)
+        else:
+            self.lanes[sequence.lane].queue.append(request)
+        sequence.queued += 1
+        self._size += 1
+
+    def _promote(self, lane_index: int) -> None:
+        """(Under the lock.) A slot of `lane_index` is free: the backlog's oldest sequence
+        takes it, and its requests move to the lane."""
+        lane = self.lanes[lane_index]
+        while lane.live < self.slots and self.waiting:
+            key = self.waiting.popleft()
+            sequence = self.sequences.get(key)
+            if sequence is None or sequence.lane is not None:
+                continue  # ended while it waited
+            sequence.lane = lane_index
+            lane.live += 1
+            lane.queue.extend(sequence.held)
+            sequence.held = []
+            self._cond.notify_all()  # that lane's runner may be waiting
 
     def reschedule(self, request: InferRequest) -> InferError | None:
         """(Iterative sequences.) The model released `request` with RELEASE_RESCHEDULE: it
@@ -224,7 +259,10 @@ class SequenceScheduler:
                         request.inputs[control.name], control.false_true[0])
             sequence.last_ns = now
             request.queue_start_ns = now
-            self.lanes[sequence.lane].queue.appendleft(request)
+            if sequence.lane is None:  # (it ran, so it has a slot; kept safe anyway)
+                sequence.held.insert(0, request)
+            else:
+                self.lanes[sequence.lane].queue.appendleft(request)
             sequence.queued += 1
             self._size += 1
             self._cond.notify_all()
@@ -286,8 +324,9 @@ class SequenceScheduler:
 
     def _release(self, corrid: int | str) -> None:
         sequence = self.sequences.pop(corrid, None)
-        if sequence is not None:
+        if sequence is not None and sequence.lane is not None:
             self.lanes[sequence.lane].live -= 1
+            self._promote(sequence.lane)
 
     # ---- batches out ---------------------------------------------------------------------------
     def next_batch(self, lane_index: int) -> list[InferRequest] | None:
@@ -361,8 +400,10 @@ class SequenceScheduler:
         with self._cond:
             self._closed = True
             leftover = [r for lane in self.lanes for r in lane.queue]
+            leftover += [r for sequence in self.sequences.values() for r in sequence.held]
             for lane in self.lanes:
                 lane.queue.clear()
+            self.waiting.clear()
             self._size = 0
             self.sequences.clear()
             self._keys.clear()
