@@ -310,3 +310,54 @@ def test_a_model_thread_talks_to_the_worker_between_calls(tmp_path):
     assert 'between_calls{step="read"} 8\n' in text
     assert 'between_calls{step="bls"} 42\n' in text
     assert 'between_calls{step="ready"} 1\n' in text
+
+
+DROPS_BETWEEN_CALLS = '''
+import gc
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """A thread of its own makes a series, then drops it and sends nothing more; no request is
+    ever sent."""
+
+    def initialize(self, args):
+        threading.Thread(target=self.work, daemon=True).start()
+
+    def work(self):
+        self.family = pb_utils.MetricFamily("dropped_between_calls", "x",
+                                            pb_utils.MetricFamily.GAUGE)
+        first = self.family.Metric(labels={"n": "first"})
+        first.set(1)
+        time.sleep(1.0)
+        del first
+        gc.collect()
+
+    def execute(self, requests):
+        return []
+'''
+
+
+def test_a_metric_dropped_between_calls_leaves_the_scrape(tmp_path):
+    """A deletion from __del__ waited for the channel's next message: dropped by a model's own
+    thread between calls, the series stayed on the scrape until the model sent anything else."""
+    python_models(tmp_path, {"drops": DROPS_BETWEEN_CALLS},
+                  'max_batch_size: 0\n'
+                  'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    served = start_worker(tmp_path)
+    try:
+        seen = False
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            there = 'dropped_between_calls{n="first"} 1' in _scrape(served)
+            seen = seen or there
+            if seen and not there:
+                break
+            time.sleep(0.05)
+    finally:
+        served.stop()
+    assert seen and not there

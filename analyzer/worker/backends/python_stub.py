@@ -328,6 +328,7 @@ class BlsClient:
         self.futures: dict[int, tuple[asyncio.Future[Message], asyncio.AbstractEventLoop]] = {}
         self.abandoned: set[int] = set()  # timed out or cancelled: their late replies are dropped
         self.later: deque[Message] = deque()  # sent with the next message (tell_later)
+        self._wake: tuple[int, int] | None = None  # the flusher's pipe (start_flusher)
         self.streams: dict[int, deque[Message]] = {}  # exec(decoupled=True): responses so far
         self.loop: asyncio.AbstractEventLoop | None = None  # watching the channel, when async
 
@@ -520,9 +521,38 @@ class BlsClient:
 
     def tell_later(self, message: Message) -> None:
         """A message from a finalizer (a metric's deletion): the garbage collector may run it
-        inside a send on this very thread, so it waits for the next send instead of taking the
-        send lock (which is not reentrant)."""
+        inside a send on this very thread, so it does not take the send lock (which is not
+        reentrant). It goes with the next send, or with the flusher thread, woken by one byte
+        on a pipe (a system call: no lock of Python's), when no send comes first."""
         self.later.append({**message, "fd": False})
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"x")
+            except Exception:  # noqa: BLE001 - full (a wake-up is pending), or shutting down
+                pass
+
+    def start_flusher(self) -> None:
+        """(Before the model's code runs.) The thread that sends what finalizers left."""
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._wake = (read, write)
+        threading.Thread(target=self._flush, name="flusher", daemon=True).start()
+
+    def _flush(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                if not os.read(self._wake[0], 4096):
+                    return
+            except OSError:
+                return
+            with self.send_lock:
+                if self.later:
+                    try:
+                        self.send_later()
+                    except OSError:
+                        return
+                    self.ring()
 
     def send_later(self) -> None:
         """(With the send lock held.) What finalizers left to send."""
@@ -708,6 +738,7 @@ class Stub:
         # outlive their call: the worker sends the next call once execute() returns
         self.open: set[int] = set()
         self.bls = BlsClient(conn, sock, self.send_lock, bell)
+        self.bls.start_flusher()
         self.bell = bell  # also how the worker asks the model's is_ready() (answer_readiness)
         # where a decoupled model's async execute() and an async is_ready() run: one event
         # loop on a thread of its own, made on first use, as Triton's stub has
