@@ -223,9 +223,9 @@ class InstanceRunner:
             request.timing = timing
             if isinstance(result, Rescheduled):
                 error = iterative.reschedule(request) if iterative is not None else InferError(
-                    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but the "
-                    "model is not configured with sequence_batching { iterative_sequence: "
-                    "true }", Status.INTERNAL)  # fmt: skip
+                    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model "
+                    f"'{self.stats.name}' is not configured with sequence_batching "
+                    "{ iterative_sequence: true }", Status.INTERNAL)  # fmt: skip
                 if error is None:  # queued again: a later batch takes it
                     continue
                 result = error

@@ -643,9 +643,6 @@ class PythonInstance(BackendInstance):
             self.stub.on_control = self._control
         self._finalizing = False  # the model loading API is refused from finalize(), as Triton's
         self.decoupled = source.config.model_transaction_policy.decoupled
-        # RELEASE_RESCHEDULE sends a request back to the sequence batcher
-        self.iterative = source.config.sequence_batching.iterative_sequence
-        self.model_name = source.name
         # what a request that names no outputs asks for: all the config's, as Triton's core
         # fills them in, so the model sees them and returns no undeclared tensor
         self.output_names = [o.name for o in source.config.output]
@@ -748,7 +745,7 @@ class PythonInstance(BackendInstance):
         for index, (outputs, error, code) in enumerate(
                 zip(reply["outputs"], reply["errors"], codes, strict=True)):  # fmt: skip
             if index in rescheduled:
-                results.append(self._rescheduled())
+                results.append(RESCHEDULED)
                 continue
             if error is not None:
                 results.append(model_error(error, code))
@@ -785,21 +782,12 @@ class PythonInstance(BackendInstance):
                 self._open.pop(serial, None)
             self._open_lock.notify_all()
 
-    def _rescheduled(self) -> Result:
-        """A request the model released with RELEASE_RESCHEDULE: back to the batcher, where
-        the config allows it (Triton answers it with this error otherwise)."""
-        if self.iterative:
-            return RESCHEDULED
-        return InferError("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
-                          f"but model '{self.model_name}' is not configured with "
-                          "sequence_batching { iterative_sequence: true }",
-                          Status.INTERNAL)  # fmt: skip
-
     def _defer(self, serials: Sequence[int], rescheduled: Sequence[int] = ()) -> list[Result]:
         """execute() returned: the requests still open are answered at their final flag, by
         the channel's reader, while this instance takes its next batch (Triton's rule); those
         released with RELEASE_RESCHEDULE go back to the batcher, their next execution a
-        request of its own here."""
+        request of its own here (the runner refuses it where the config has no iterative
+        sequences)."""
         results: list[Result] = []
         again = {serials[index] for index in rescheduled if 0 <= index < len(serials)}
         with self._open_lock:
@@ -808,7 +796,7 @@ class PythonInstance(BackendInstance):
                 if entry is not None and serial in again:
                     del self._open[serial]
                     self._open_lock.notify_all()
-                    results.append(self._rescheduled())
+                    results.append(RESCHEDULED)
                 elif entry is None:  # final during execute(): the runner answers it now
                     results.append({})
                 else:

@@ -933,9 +933,7 @@ class Stub:
             future.add_done_callback(lambda done: self._async_done(done, serials))
             result = None
         if result is not None:
-            raise pb_utils.TritonModelException(
-                "a decoupled model's execute() returns None and answers through "
-                "request.get_response_sender()")  # fmt: skip
+            raise pb_utils.TritonModelException(_DECOUPLED_RETURNS_NONE)
         reply: Message = {"decoupled": True}
         rescheduled = _rescheduled(requests)
         if rescheduled:
@@ -954,9 +952,7 @@ class Stub:
         except concurrent.futures.CancelledError:
             error = RuntimeError("the model's event loop stopped")
         if error is None and done.result() is not None:
-            error = pb_utils.TritonModelException(
-                "a decoupled model's execute() returns None and answers through "
-                "request.get_response_sender()")  # fmt: skip
+            error = pb_utils.TritonModelException(_DECOUPLED_RETURNS_NONE)
         if error is None:
             return
         print("".join(traceback.format_exception(error)), file=sys.stderr, flush=True)
@@ -1069,6 +1065,10 @@ def main() -> None:
     bell = socket.socket(fileno=bell_fd)
     bell.setblocking(False)
     Stub(conn, sock, bell).serve()
+
+
+_DECOUPLED_RETURNS_NONE = ("a decoupled model's execute() returns None and answers through "
+                           "request.get_response_sender()")
 
 
 def _rescheduled(requests: list[pb_utils.InferenceRequest]) -> set[int]:
