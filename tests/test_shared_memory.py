@@ -122,24 +122,57 @@ def test_an_input_in_shared_memory_is_capped_as_a_request_body_is(regions):
         assert served.stop() == 0
 
 
-def test_a_region_that_cannot_be_mapped_is_the_clients_error(tmp_path, monkeypatch):
-    """A sparse 1 TiB object registered whole failed mmap with ENOMEM under a memory limit,
-    and the client got a 500 "internal error"; it is a 400 naming the region and the size."""
-    import errno
+def test_an_object_shrunk_after_registering_is_the_clients_error(tmp_path):
+    """The client owns the object and may shrink it after registering it. The regions were
+    mapped, and reading or writing the pages past the object's new end killed the worker with
+    SIGBUS (every client lost it); now that request gets a 400 naming the region, and the
+    worker goes on serving."""
+    import os
 
+    key = f"ma-test-shrink-{uuid.uuid4().hex[:8]}"
+    path = f"/dev/shm/{key}"
+    with open(path, "wb") as f:
+        f.write(b"\0" * 64)
+    served = start_worker(EXAMPLES)
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        client.register_system_shared_memory("in", "/" + key, 32)
+        client.register_system_shared_memory("out", "/" + key, 32, offset=32)
+        os.truncate(path, 0)
+        inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+        inputs[0].set_shared_memory("in", 16)
+        inputs[1].set_data_from_numpy(np.ones((1, 4), np.float32))
+        with pytest.raises(InferenceServerException,
+                           match=f"region 'in': its object '/{key}' now holds 0 bytes"):
+            client.infer("add_sub", inputs)
+        inputs[0].set_data_from_numpy(np.ones((1, 4), np.float32))
+        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("out", 16)
+        with pytest.raises(InferenceServerException,
+                           match=f"region 'out': its object '/{key}' now holds 0 bytes"):
+            client.infer("add_sub", inputs, outputs=[out])
+        assert served.process.poll() is None
+        result = client.infer("add_sub", inputs)  # the worker still serves
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 4), 2.0))
+    finally:
+        client.close()
+        os.unlink(path)
+        assert served.stop() == 0
+
+
+def test_a_huge_sparse_object_registers_without_mapping_it(tmp_path):
+    """A region is not mapped, so a sparse 1 TiB object registers (it once failed mmap with
+    ENOMEM under a memory limit, a 500); what one input may read of it stays capped."""
     from analyzer.worker import shm as shm_module
-    from analyzer.worker.errors import InferError, Status
+    from analyzer.worker.errors import InferError
 
-    (tmp_path / "big").write_bytes(b"\0" * 64)
-    registry = shm_module.SharedMemoryRegistry(str(tmp_path))
-
-    def no_memory(*args, **kwargs):
-        raise OSError(errno.ENOMEM, "Cannot allocate memory")
-
-    monkeypatch.setattr(shm_module.mmap, "mmap", no_memory)
-    with pytest.raises(InferError) as err:
-        registry.register("r", "/big", 0, 64)
-    assert err.value.status == Status.INVALID_ARG
-    assert "'/big' cannot be mapped with offset 0 + byte_size 64 (Cannot allocate memory)" in (
-        str(err.value))
-    assert registry.status() == []
+    with open(tmp_path / "big", "wb") as f:
+        f.truncate(1 << 40)
+    registry = shm_module.SharedMemoryRegistry(str(tmp_path), max_read_bytes=1 << 20)
+    try:
+        registry.register("r", "/big", 0, 1 << 40)
+        assert registry.read("r", (1 << 40) - 8, 8) == b"\0" * 8
+        with pytest.raises(InferError, match="over the worker's input limit"):
+            registry.read("r", 0, 2 << 20)
+    finally:
+        registry.close()

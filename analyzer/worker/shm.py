@@ -7,16 +7,19 @@ path), opened without O_CREAT (the client made it) and never the worker's own (t
 backend's arenas are unnamed memfds/O_TMPFILE files, so they cannot be named); the region must lie
 inside the object; at most MAX_REGIONS are registered; inputs are copied out of the region, so a
 region unregistered while a request is queued changes nothing the model sees, and one input's copy
-is capped as a request body is (--http-max-input-size). CUDA shared memory
-needs a GPU build of the worker: its status is empty and its register says so.
+is capped as a request body is (--http-max-input-size). The client may also shrink its object after
+registering it: a region is therefore read and written through the object's descriptor
+(pread/pwrite), never through a mapping, whose pages past the object's new end would kill the
+worker with SIGBUS. CUDA shared memory needs a GPU build of the worker: its status is empty and its
+register says so.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from dataclasses import dataclass
+from stat import S_ISREG
 from typing import Any
 
 from analyzer.worker.errors import InferError, Status
@@ -34,7 +37,7 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    map: mmap.mmap
+    fd: int  # the object's descriptor, kept open while the region is registered
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -71,29 +74,25 @@ class SharedMemoryRegistry:
             raise InferError(f"Unable to open shared memory region: '{key}' "
                              f"({err.strerror})") from None  # fmt: skip
         try:
-            size = os.fstat(fd).st_size
-            if byte_size == 0 or offset + byte_size > size:
+            stat = os.fstat(fd)
+            if not S_ISREG(stat.st_mode):
+                raise InferError(f"shared memory key '{key}' does not name a shared memory "
+                                 "object")  # fmt: skip
+            if byte_size == 0 or offset + byte_size > stat.st_size:
                 raise InferError(f"shared memory region '{name}': offset {offset} + "
-                                 f"byte_size {byte_size} does not fit in '{key}' of {size} "
-                                 "bytes")  # fmt: skip
-            try:
-                mapping = mmap.mmap(fd, offset + byte_size)
-            except (OSError, OverflowError, ValueError) as err:  # a client's size: a 400
-                reason = err.strerror if isinstance(err, OSError) else str(err)
-                raise InferError(f"shared memory region '{name}': '{key}' cannot be mapped with "
-                                 f"offset {offset} + byte_size {byte_size} ({reason})") from None
-        finally:
+                                 f"byte_size {byte_size} does not fit in '{key}' of "
+                                 f"{stat.st_size} bytes")  # fmt: skip
+            with self._lock:
+                if name in self._regions:
+                    raise InferError(f"shared memory region '{name}' already in manager",
+                                     Status.ALREADY_EXISTS)  # fmt: skip
+                if len(self._regions) >= MAX_REGIONS:
+                    raise InferError(f"too many shared memory regions registered (at most "
+                                     f"{MAX_REGIONS}); unregister some first")  # fmt: skip
+                self._regions[name] = Region(name, key, offset, byte_size, fd)
+        except BaseException:
             os.close(fd)
-        with self._lock:
-            if name in self._regions:
-                mapping.close()
-                raise InferError(f"shared memory region '{name}' already in manager",
-                                 Status.ALREADY_EXISTS)  # fmt: skip
-            if len(self._regions) >= MAX_REGIONS:
-                mapping.close()
-                raise InferError(f"too many shared memory regions registered (at most "
-                                 f"{MAX_REGIONS}); unregister some first")  # fmt: skip
-            self._regions[name] = Region(name, key, offset, byte_size, mapping)
+            raise
 
     def unregister(self, name: str = "") -> None:
         """One region, or every region when `name` is empty (Triton's)."""
@@ -101,7 +100,7 @@ class SharedMemoryRegistry:
             names = [name] if name else list(self._regions)
             gone = [self._regions.pop(n) for n in names if n in self._regions]
         for region in gone:
-            region.map.close()
+            os.close(region.fd)
 
     def status(self, name: str = "") -> list[dict[str, Any]]:
         with self._lock:
@@ -126,10 +125,18 @@ class SharedMemoryRegistry:
             raise InferError(f"an input of {size} bytes in shared memory region '{name}' is over "
                              f"the worker's input limit of {self.max_read_bytes} bytes "
                              "(--http-max-input-size)")  # fmt: skip
-        with self._lock:
+        with self._lock:  # (a region's descriptor is closed under the lock only)
             region = self._region(name, offset, size)
             start = region.offset + offset
-            return region.map[start : start + size]
+            data = os.pread(region.fd, size, start) if size else b""
+            while 0 < len(data) < size:  # a short read: the rest, or the object's end
+                more = os.pread(region.fd, size - len(data), start + len(data))
+                if not more:
+                    break
+                data += more
+            if len(data) < size:
+                raise self._shrunk(region, start + size)
+            return data
 
     def write(self, name: str, offset: int, data: bytes | memoryview, room: int) -> None:
         """An output into the region; `room` is the byte size the request gave for it."""
@@ -139,7 +146,18 @@ class SharedMemoryRegistry:
         with self._lock:
             region = self._region(name, offset, len(data))
             start = region.offset + offset
-            region.map[start : start + len(data)] = data
+            if os.fstat(region.fd).st_size < start + len(data):
+                raise self._shrunk(region, start + len(data))
+            view = memoryview(data).cast("B")
+            while view:
+                written = os.pwrite(region.fd, view, start)
+                view, start = view[written:], start + written
+
+    @staticmethod
+    def _shrunk(region: Region, end: int) -> InferError:
+        size = os.fstat(region.fd).st_size
+        return InferError(f"shared memory region '{region.name}': its object '{region.key}' "
+                          f"now holds {size} bytes, fewer than the {end} this request needs")
 
     def close(self) -> None:
         self.unregister()
