@@ -494,6 +494,8 @@ HTTP_BAD_FIELDS = [
     ("parameters.timeout", "x"), ("parameters.timeout", False), ("parameters.timeout", -5),
     ("parameters.binary_data_output", 1), ("parameters.sequence_id", [1]),
     ("parameters.sequence_id", 1.5), ("id", 5), ("id", ["a"]), ("id", {"a": 1}),
+    ("parameters.custom", None), ("parameters.custom", [1]), ("parameters.custom", {"a": 1}),
+    ("parameters.custom", 1 << 64),
 ]  # fmt: skip
 
 
@@ -502,6 +504,23 @@ def test_malformed_json_field_types_are_400(conn, path, value):
     status, answer = call(conn, "POST", "/v2/models/add_sub/infer", _mutated(path, value))
     assert status == 400, answer
     assert answer["error"] and "\n" not in answer["error"]
+
+
+def test_a_nested_request_parameter_is_refused_before_it_can_fail_a_batch(conn, stub):
+    """A request's parameters travel with it to the model's process, in its batch. One 500
+    levels deep was valid JSON well under the body cap, and pickling the batch for the python
+    model raised RecursionError: every request batched with it failed, other clients' too.
+    Triton takes only a bool, an integer, a number or a string; so does the worker now."""
+    body = add_sub_body()
+    body["parameters"] = {"x": json.loads("[" * 500 + "]" * 500)}
+    status, answer = call(conn, "POST", "/v2/models/add_sub/infer", body)
+    assert status == 400, answer
+    assert answer["error"] == ("parameter 'x' has invalid type (a list): it should be either "
+                               "'int', 'bool', 'double' or 'string'")  # fmt: skip
+    body["parameters"] = {"s": "text", "i": -3, "b": True, "d": 0.5}
+    status, answer = call(conn, "POST", "/v2/models/add_sub/infer", body)
+    assert status == 200, answer
+    assert_serves(conn, stub)
 
 
 def test_malformed_bodies_and_repository_fields_are_400(conn, stub):

@@ -29,6 +29,7 @@ from analyzer.worker.params import (
     _parse_json,
     flag_param,
     natural_param,
+    scalar_params,
     sequence_flags,
     sequence_param,
     show_value,
@@ -176,7 +177,7 @@ def _make_plan(header: dict[str, Any], keep: bool) -> _Plan:
             keep = False  # the values are in the header: it is not repeated
         inputs.append(_InputPlan(name, wire, shape, count, size, index))
     outputs = _outputs(header.get("outputs"))
-    params = _object(header.get("parameters"), "request 'parameters'")
+    params = scalar_params(_object(header.get("parameters"), "request 'parameters'"))
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise InferError(f"request 'id' must be a string, got {show_value(request_id)}")

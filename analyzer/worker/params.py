@@ -43,6 +43,20 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def scalar_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A REST request's 'parameters', each a bool, an integer, a number or a string, as Triton
+    takes them (gRPC's InferParameter can hold nothing else). They travel with the request to
+    the model's process in its batch, so one client's deeply nested value failed the whole
+    batch, other clients' requests too, when the batch was pickled."""
+    for key, value in params.items():
+        if not isinstance(value, bool | str | float) and not (
+            isinstance(value, int) and -(1 << 63) <= value < (1 << 64)
+        ):
+            raise InferError(f"parameter '{key}' has invalid type ({show_value(value)}): it "
+                             "should be either 'int', 'bool', 'double' or 'string'")  # fmt: skip
+    return params
+
+
 def flag_param(params: dict[str, Any], key: str) -> bool:
     value = params.get(key, False)
     if not isinstance(value, bool):
