@@ -216,7 +216,7 @@ class CallHandling(ConnectionState):
                     stream.drained = self.loop.create_future()
                     await stream.drained  # the client must read before the stream goes on
             if inbox.error is not None:
-                status, details = grpc.StatusCode.INVALID_ARGUMENT, inbox.error
+                status, details = inbox.status, inbox.error
             else:
                 status, details = grpc.StatusCode.OK, ""
         except asyncio.CancelledError:
@@ -320,6 +320,8 @@ class CallHandling(ConnectionState):
             # its tasks would wait forever
             self._abandon(stream)
         self._unbuffer(stream)
+        if stream.inbox is not None:  # what its inbox still holds leaves the server's total
+            stream.inbox.discard()
         self.blocked.discard(stream)
         self._release(stream)
         wake(stream.drained)

@@ -43,6 +43,7 @@ from analyzer.worker.grpc_state import (
     Head,
     Inbox,
     Stream,
+    Uninflatable,
 )
 
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -247,38 +248,43 @@ class RequestReading(CallHandling):
             message = bytes(buf[5 : 5 + size])
             del buf[: 5 + size]
             server.buffered -= 5 + size
-            if compressed:
-                inflated = self._inflate(stream, message)
-                if inflated is None:
+            if stream.inbox is not None:  # inflated when the service takes it
+                if not stream.inbox.put(message, 5 + size, compressed):
+                    self._refuse(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 "the worker is holding too many received requests")  # fmt: skip
                     return
-                message = inflated
-            if stream.inbox is not None:
-                stream.inbox.put(message, 5 + size)
-            elif stream.message is None:
+                continue
+            if compressed:
+                try:
+                    message = self.inflate(stream, message)
+                except Uninflatable as err:
+                    self._refuse(stream, err.status, str(err))
+                    return
+            if stream.message is None:
                 stream.message = message
             else:
                 self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED,
                              "a unary call got more than one request message")  # fmt: skip
                 return
 
-    def _inflate(self, stream: Stream, message: bytes) -> bytes | None:
+    def inflate(self, stream: Stream, message: bytes) -> bytes:
+        """A compressed message inflated; Uninflatable when it cannot be decompressed or is
+        over the cap once inflated."""
         bits = _INFLATE_BITS.get(stream.encoding)
         if bits is None:
-            self._refuse(stream, grpc.StatusCode.INTERNAL,
-                         "a compressed message without grpc-encoding")  # fmt: skip
-            return None
+            raise Uninflatable(grpc.StatusCode.INTERNAL,
+                               "a compressed message without grpc-encoding")  # fmt: skip
         limit = self.limits.grpc_max_message_bytes
         inflater = zlib.decompressobj(bits)
         try:
             data = inflater.decompress(message, limit + 1)
         except zlib.error as err:
-            self._refuse(stream, grpc.StatusCode.INTERNAL, f"cannot decompress the message: {err}")
-            return None
+            raise Uninflatable(grpc.StatusCode.INTERNAL,
+                               f"cannot decompress the message: {err}") from None  # fmt: skip
         if len(data) > limit or inflater.unconsumed_tail:
-            self._refuse(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"Received message larger than max (more than {limit} bytes "
-                         "once decompressed)")  # fmt: skip
-            return None
+            raise Uninflatable(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"Received message larger than max (more than {limit} bytes "
+                               "once decompressed)")  # fmt: skip
         return data
 
     def _remote_end(self, stream: Stream) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from hpack import Decoder
 
 from analyzer.http2 import DEFAULT_FRAME, DEFAULT_WINDOW, CoalescedWrites
@@ -29,6 +31,14 @@ OUR_STREAM_WINDOW = 8 << 20
 OUR_CONNECTION_WINDOW = 64 << 20
 
 
+class Uninflatable(Exception):
+    """A compressed gRPC message that cannot be decompressed, or is over the cap inflated."""
+
+    def __init__(self, status: grpc.StatusCode, why: str):
+        super().__init__(why)
+        self.status = status
+
+
 class ConnectionFault(Exception):
     """A protocol violation that ends the connection with GOAWAY(code)."""
 
@@ -39,22 +49,49 @@ class ConnectionFault(Exception):
 
 class Inbox:
     """A ModelStreamInfer stream's serialized requests as an async iterator; taking one returns
-    its window."""
+    its window.
+
+    HTTP/2 flow control bounds what waits here in wire bytes (the stream's window), not in what
+    it takes to hold: 8 MiB of empty 5-byte messages were 1.7 million Python objects (~20 times
+    the bytes, in a list whose pop(0) made taking them quadratic), and compressed messages were
+    held inflated (up to the message cap each). So messages wait as they came, compressed ones
+    too (inflated when taken), in a deque, and what they hold -- their wire bytes and each
+    one's overhead -- counts in the server's `buffered` total like a half-received message's
+    bytes: past --http-max-buffered-size the stream is refused (RESOURCE_EXHAUSTED)."""
+
+    OVERHEAD = 128  # bytes a waiting message costs beyond its own: its bytes object and slot
 
     def __init__(self, conn: RequestReading, stream: Stream) -> None:
         self.conn, self.stream = conn, stream
-        self.items: list[tuple[bytes, int]] = []  # (message, bytes it took on the wire)
+        # (message as it came, bytes it took on the wire, whether it is compressed)
+        self.items: deque[tuple[bytes, int, int]] = deque()
+        self.held = 0  # what the items count in the server's `buffered`
         self.ended = False
         self.error: str | None = None
+        self.status = grpc.StatusCode.INVALID_ARGUMENT  # the stream's status with `error`
         self.waiter: asyncio.Future[None] | None = None
 
-    def put(self, message: bytes, wire: int) -> None:
-        self.items.append((message, wire))
+    def put(self, message: bytes, wire: int, compressed: int) -> bool:
+        """Queue one message; False when the worker holds too much already (not queued)."""
+        cost = wire + self.OVERHEAD
+        server = self.conn.server
+        if server.buffered + cost > self.conn.limits.max_buffered_bytes:
+            return False
+        server.buffered += cost
+        self.held += cost
+        self.items.append((message, wire, compressed))
         self._wake()
+        return True
 
     def end(self) -> None:
         self.ended = True
         self._wake()
+
+    def discard(self) -> None:
+        """The stream is gone: what still waits leaves the server's total."""
+        self.items.clear()
+        self.conn.server.buffered -= self.held
+        self.held = 0
 
     def _wake(self) -> None:
         wake(self.waiter)
@@ -62,10 +99,11 @@ class Inbox:
     def __aiter__(self) -> Inbox:
         return self
 
-    def fail(self, error: str) -> None:
-        """A message was no ModelInferRequest: the stream takes no more and ends with `error`."""
-        self.ended, self.error = True, error
-        self.items.clear()
+    def fail(self, error: str, status: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
+        """A message was no ModelInferRequest (or could not be inflated): the stream takes no
+        more and ends with `status` and `error`."""
+        self.ended, self.error, self.status = True, error, status
+        self.discard()
 
     async def __anext__(self) -> bytes:
         while not self.items:
@@ -73,8 +111,17 @@ class Inbox:
                 raise StopAsyncIteration
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
-        message, wire = self.items.pop(0)
+        message, wire, compressed = self.items.popleft()
+        cost = wire + self.OVERHEAD
+        self.held -= cost
+        self.conn.server.buffered -= cost
         self.conn.return_window(self.stream, wire)
+        if compressed:
+            try:
+                message = self.conn.inflate(self.stream, message)
+            except Uninflatable as err:
+                self.fail(str(err), err.status)
+                raise StopAsyncIteration from None
         return message
 
 
