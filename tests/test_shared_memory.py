@@ -176,3 +176,33 @@ def test_a_huge_sparse_object_registers_without_mapping_it(tmp_path):
             registry.read("r", 0, 2 << 20)
     finally:
         registry.close()
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_output_region_not_registered_is_refused_before_the_model_runs(examples_worker,
+                                                                          module):
+    """Over HTTP the model ran, and then the client got a 500 saying the model's outputs could
+    not be sent; the region is the client's mistake, found before the model runs (a 400, as
+    gRPC's INVALID_ARGUMENT)."""
+    url = examples_worker.http if module is httpclient else examples_worker.grpc
+    client = module.InferenceServerClient(url)
+    try:
+        def executed() -> int:
+            stats = (client.get_inference_statistics("add_sub") if module is httpclient
+                     else client.get_inference_statistics("add_sub", as_json=True))
+            return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
+
+        inputs = [module.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        out = module.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("nowhere", 16)
+        before = executed()
+        with pytest.raises(InferenceServerException,
+                           match="Unable to find shared memory region: 'nowhere'") as err:
+            client.infer("add_sub", inputs, outputs=[out])
+        if module is httpclient:
+            assert err.value.status() == "400"
+        assert executed() == before
+    finally:
+        client.close()

@@ -277,6 +277,11 @@ class InferenceService:
             raise
         except Exception as err:  # a malformed request must not reach the client as UNKNOWN
             raise InferError(f"malformed inference request: {err}") from None
+        for output in request.outputs:  # regions named for outputs exist before the model runs
+            if output.parameters and (
+                region := tensor_region(output, f"output '{output.name}'")
+            ) is not None:
+                self.shm.check(*region)
         params = {k: param_value(v) for k, v in request.parameters.items()}
         return model, InferRequest(
             model_name=request.model_name,

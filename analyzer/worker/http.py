@@ -28,7 +28,7 @@ from analyzer.worker.names import check_model_name
 from analyzer.worker.params import _object, _parse_json, show_value
 from analyzer.worker.request import InferRequest, Outputs
 from analyzer.worker.restrict import Restrictions
-from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry
+from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry, region_params
 from analyzer.worker.validate import check_once
 
 JSON_TYPE = "application/json"
@@ -269,6 +269,9 @@ class RestApi:
         arrival = time.perf_counter_ns()
         plan, header, binary = self._plans.plan(http)
         inputs, wire_types = _decode_inputs(plan, header, binary, self.shm, model.validator)
+        for spec in plan.outputs or ():  # regions named for outputs exist before the model runs
+            if (region := region_params(spec.get("parameters") or {}, "")) is not None:
+                self.shm.check(*region)
         request_id = plan.request_id
         outputs_spec, binary_default, heads = plan.outputs, plan.binary_default, plan.heads
         loop = self.loop
@@ -283,6 +286,8 @@ class RestApi:
                 response = _encode_outputs(
                     model, request_id, outputs, outputs_spec, binary_default, heads, self.shm
                 )
+            except InferError as err:  # an output's shared memory region: the client's
+                response = error_response(err.status.http, str(err))
             except Exception as err:  # the model's fault, but the client still gets an answer
                 response = error_response(
                     500, f"model '{model.name}' returned outputs that cannot be sent: {err}"

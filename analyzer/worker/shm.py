@@ -118,6 +118,12 @@ class SharedMemoryRegistry:
                              f"offset {offset} + {size} bytes do not fit")  # fmt: skip
         return region
 
+    def check(self, name: str, offset: int, size: int) -> None:
+        """An output's region, checked before the model runs: it exists and holds the room the
+        request gives the output there."""
+        with self._lock:
+            self._region(name, offset, size)
+
     def read(self, name: str, offset: int, size: int) -> bytes:
         """A copy of `size` bytes at `offset` in the region (so unregistering cannot pull it
         from under a queued request)."""
