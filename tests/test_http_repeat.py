@@ -324,3 +324,26 @@ def test_the_short_path_answers_every_byte_stream_as_the_parser_does():
         assert learned == plain, (case, data, cuts)
         hits += short
     assert hits > 100, hits  # the short path did answer a share of them (176 with this seed)
+
+
+def test_pipelined_requests_are_handed_on_a_burst_per_loop_pass_and_dropped_when_the_client_goes():
+    """Requests answered at once never fill the pending cap, so a chunk of thousands of
+    pipelined GETs was handled in one go: 20 such clients kept the loop, and every other
+    client's answers, for ~10 s, and went on after they had gone. Now a connection hands at
+    most BURST requests to the handler per pass of the loop, in order; what it has not handed
+    on when the client goes is dropped."""
+    burst = http_server.BURST
+    with connection() as (echo, protocol, transport, server):
+        protocol.data_received(b"".join(request(f"/p/{i}", b"") for i in range(burst * 3 + 5)))
+        assert len(transport.out) == burst  # the rest waits for the loop's next passes
+        for passes in (1, 2, 3):
+            server.loop.call_soon(server.loop.stop)
+            server.loop.run_forever()  # one pass: the connection's next burst
+            assert len(transport.out) == min(burst * (passes + 1), burst * 3 + 5)
+        assert transport.bodies() == [f"parser:/p/{i}:".encode() for i in range(burst * 3 + 5)]
+    with connection() as (echo, protocol, transport, server):
+        protocol.data_received(b"".join(request(f"/p/{i}", b"") for i in range(burst * 2)))
+        protocol.connection_lost(None)
+        server.loop.call_soon(server.loop.stop)
+        server.loop.run_forever()
+        assert len(transport.out) == burst and not protocol.waiting

@@ -110,6 +110,8 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         # the tail of `slots` not yet handed to the handler: too many unanswered, or replies unread
         self.waiting = deque()
         self.releasing = False
+        self.burst = 0  # requests handed to the handler in this loop pass
+        self.next_pass = None
         self.closing = False  # close once every slot is answered
         self.refused = False  # an error ends this connection: what the client sends is dropped
         self.lingering = False
@@ -159,6 +161,10 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
         self.transport = None
+        if self.next_pass is not None:
+            self.next_pass.cancel()
+            self.next_pass = None
+        self.waiting.clear()  # not handed to the handler: nobody is left to answer
         slots, self.slots = self.slots, deque()
         for response, request in slots:
             if response is None and request is not None:
@@ -175,6 +181,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return  # the answer is out or queued; the rest of this client's bytes go nowhere
+        self.burst = 0
         repeat = self.repeat
         if (repeat is not None and len(data) == repeat.size and not self.receiving
                 and data.startswith(repeat.head) and self._repeated(data, repeat)):  # fmt: skip
@@ -332,11 +339,14 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         """A whole request: handed to `handler` now, or queued while too many are unanswered."""
         slot: Slot = [None, request]
         self.slots.append(slot)
-        if self.paused or len(self.slots) > self.pending_cap:
+        if self.paused or len(self.slots) > self.pending_cap or self.burst >= BURST:
             # parsing cannot stop inside a chunk, so the rest of it waits here, unhandled
             self.waiting.append(slot)
             self._pause(_PENDING)
+            if self.burst >= BURST:
+                self._pass_later()
             return
+        self.burst += 1
         try:  # _dispatch, inlined: this is the hot path
             handler(request, lambda response: self._fill(slot, response))
         except Exception as err:  # a handler bug must not leave the request unanswered
@@ -360,12 +370,32 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         cap = self.pending_cap
         try:
             while waiting and not self.paused & _WRITES and len(slots) - len(waiting) < cap:
+                if self.burst >= BURST:
+                    self._pass_later()
+                    break
+                self.burst += 1
                 self._dispatch(waiting.popleft())
         finally:
             self.releasing = False
         if not waiting:
             self._resume(_PENDING)
 
+    def _pass_later(self) -> None:
+        """This pass handed BURST requests to the handler: the rest wait for the loop's next
+        pass, after the other connections' turn. Requests answered at once never fill the
+        pending cap, so one chunk of thousands of pipelined GETs was handled in one go, and 20
+        such clients kept the loop (and everyone's answers) for ~10 s."""
+        if self.next_pass is None and self.transport is not None:
+            self.next_pass = self.server.loop.call_soon(self._next_pass)
+
+    def _next_pass(self) -> None:
+        self.next_pass = None
+        self.burst = 0
+        if self.transport is not None and self.waiting:
+            self._release()
+
+
+BURST = 64  # requests one connection hands to the handler in one pass of the loop
 
 # headers after which the same head need not mean the same request (or a body as received)
 _UNREPEATABLE = frozenset(("transfer-encoding", "content-encoding", "expect"))

@@ -56,6 +56,8 @@ class ConnectionState:
     slots: deque[Slot]
     waiting: deque[Slot]  # the tail of `slots` not yet handed to the handler
     releasing: bool
+    burst: int  # requests handed to the handler in this loop pass (at most http_flow.BURST)
+    next_pass: asyncio.Handle | None  # the next pass's release, when one is due
     closing: bool  # close once every slot is answered
     refused: bool  # an error ends this connection: what the client sends is dropped
     lingering: bool
