@@ -475,32 +475,53 @@ def test_connection_cap_evicts_stalled_then_answers_503(capped):
     finally:
         for sock in socks:
             sock.close()
-    # now fill the cap with connections that are idle between requests, not stalled
+    # now fill the cap with connections that are idle between requests, not stalled: they
+    # were never given up, so one client could keep every other out; the one idle longest
+    # now makes room for a newcomer
     idle: list[Raw] = []
     try:
-        refused = None
-        for _ in range(60):
+        for _ in range(55):
             conn = Raw(capped.http)
             idle.append(conn)
             conn.send(request_bytes("GET", "/v2/health/live"))
-            status, _, body = conn.response()
-            if status == 503:
-                refused = body
-                break
+            status, _, _ = conn.response()
             assert status == 200
-        assert refused is not None and "limit of 50 open connections" in error_of(refused)
+        assert_serves(capped)
+        assert closed_by_server(idle[0].sock, within=5)
+        assert not closed_by_server(idle[-1].sock, within=0.1)
     finally:
         for conn in idle:
             conn.close()
-    deadline = time.monotonic() + 15
-    while True:  # the worker notices the closes, then a client is served again
-        try:
-            assert_serves(capped, timeout=5)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+
+
+def test_at_the_connection_cap_with_every_connection_busy_a_newcomer_gets_503(tmp_path):
+    """Connections with a request in the worker are not given up; with every slot held by
+    one, a newcomer is refused with a 503 that says why."""
+    from test_grpc_stream_bound import pending
+    from test_worker_faults import python_repo
+
+    repo, _ = python_repo(tmp_path)
+    served = start_worker(repo, "--http-max-connections=4")
+    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1],
+                                   "data": [2.0]}]}).encode()  # fmt: skip
+    busy: list[Raw] = []
+    try:
+        for _ in range(4):
+            conn = Raw(served.http)
+            busy.append(conn)
+            conn.send(request_bytes("POST", "/v2/models/slow/infer", body))
+        deadline = time.monotonic() + 30
+        while pending(served.metrics) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # one runs, three wait: every connection has its request in
+        newcomer = Raw(served.http)
+        newcomer.send(request_bytes("GET", "/v2/health/live"))
+        status, _, answer = newcomer.response()
+        assert status == 503 and "limit of 4 open connections" in error_of(answer)
+        newcomer.close()
+    finally:
+        for conn in busy:
+            conn.close()
+        served.stop()
 
 
 # -- disconnects, exactly one answer (transport alone, in this process) -------------------------

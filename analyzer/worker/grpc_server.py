@@ -36,6 +36,7 @@ import grpc
 from analyzer.http2 import (
     DEFAULT_WINDOW,
     FRAME_SIZE_ERROR,
+    GOAWAY,
     INTERNAL_ERROR,
     NO_ERROR,
     PREFACE,
@@ -96,6 +97,20 @@ class GrpcServer:
         )
         return int(self.server.sockets[0].getsockname()[1])
 
+    def make_room(self) -> bool:
+        """At the connection cap: the connection idle longest (no call open, or no preface
+        yet) is sent away for a newcomer; False when every connection has a call open. (They
+        were never given up: one client's connections that only sent the preface, kept for
+        --http-idle-timeout, kept every other client out.)"""
+        idle = [c for c in self.connections if not c.streams and not c.closing]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.last_active)
+        victim.go_away(NO_ERROR, "the server is at its connection limit: idle connections "
+                                 "make room")  # fmt: skip
+        self.connections.discard(victim)
+        return True
+
     async def stop(self) -> None:
         if self.server is None:
             return
@@ -117,8 +132,13 @@ class _Connection(FrameHandling, asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         server = self.server
-        if len(server.connections) >= self.limits.max_connections:
-            transport.abort()
+        if len(server.connections) >= self.limits.max_connections and not server.make_room():
+            self.closing = True
+            why = (f"the server is at its limit of {self.limits.max_connections} open "
+                   "connections (--http-max-connections); retry later").encode()
+            transport.write(_frame(SETTINGS, 0, 0, b"")
+                            + _frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(NO_ERROR) + why))
+            transport.close()
             return
         server.connections.add(self)
         transport.set_write_buffer_limits(high=self.limits.write_high_water_bytes)

@@ -182,6 +182,10 @@ class Flow(ConnectionState):
         """Half-sent (or silent since connecting) through no fault of ours."""
         return (self.receiving or self.count == 0) and not self.paused and not self.slots
 
+    def idle(self) -> bool:
+        """Kept alive between requests: every answer written, nothing arriving."""
+        return self.count > 0 and not self.receiving and not self.slots and not self.paused
+
     def drop(self) -> None:
         self.server.open.discard(self)
         if self.transport is not None:

@@ -70,21 +70,27 @@ class _Server:
         self.budget = limits.max_buffered_bytes
 
     def admit(self, conn: _Protocol) -> bool:
-        """At the cap, the longest-stalled half-sent connection makes room; else no room."""
+        """At the cap, the longest-stalled half-sent connection makes room, else the one idle
+        longest between requests; else no room. (Idle kept-alive connections were never given
+        up: one client holding every slot with them kept all others out for as long as it
+        liked, --http-idle-timeout at a time.)"""
         if len(self.open) >= self.limits.max_connections:
-            victim = self._most_stalled()
+            victim = self._victim()
             if victim is None:
                 return False
             victim.drop()
         self.open.add(conn)
         return True
 
-    def _most_stalled(self) -> _Protocol | None:
-        best = None
+    def _victim(self) -> _Protocol | None:
+        stalled = idle = None
         for conn in self.open:
-            if conn.stalled() and (best is None or conn.began < best.began):
-                best = conn
-        return best
+            if conn.stalled():
+                if stalled is None or conn.began < stalled.began:
+                    stalled = conn
+            elif stalled is None and conn.idle() and (idle is None or conn.began < idle.began):
+                idle = conn
+        return stalled or idle
 
 
 class _Protocol(RequestChecks, Flow, asyncio.Protocol):
