@@ -6,6 +6,7 @@ Shared by the worker, the load generator and the python backend, so every stage 
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import numpy as np
@@ -90,16 +91,32 @@ def _show(shape) -> str:
     return repr(list(shape))[:100]
 
 
+CHUNK_ELEMENTS = 1 << 16  # BYTES elements handled by one C-level pass (~20-40 ms)
+_U32_PACK = struct.Struct("<I").pack
+_U32_FROM = struct.Struct("<I").unpack_from
+
+
 def serialize_bytes_tensor(array: np.ndarray) -> bytes:
-    """Each element as a 4-byte little-endian length followed by its bytes, in C order."""
+    """Each element as a 4-byte little-endian length followed by its bytes, in C order.
+    Elements that are all `bytes` (what the protocols decode) take a path with no Python loop
+    per element, a slice of CHUNK_ELEMENTS at a time: a client's tensor may hold millions, and
+    one C call over all of them would hold the GIL (and the event loop) for seconds."""
+    items = np.asarray(array, dtype=np.object_).ravel(order="C").tolist()
     parts: list[bytes] = []
-    for item in np.asarray(array, dtype=np.object_).ravel(order="C"):
-        if isinstance(item, str):
-            item = item.encode("utf-8")
-        elif not isinstance(item, bytes | bytearray | memoryview):
-            item = str(item).encode("utf-8")
-        parts.append(struct.pack("<I", len(item)))
-        parts.append(bytes(item))
+    for start in range(0, len(items), CHUNK_ELEMENTS):
+        chunk = items[start : start + CHUNK_ELEMENTS]
+        if set(map(type, chunk)) <= {bytes}:
+            prefixes = map(_U32_PACK, map(len, chunk))
+            parts.append(b"".join(itertools.chain.from_iterable(zip(prefixes, chunk,
+                                                                    strict=True))))  # fmt: skip
+            continue
+        for item in chunk:
+            if isinstance(item, str):
+                item = item.encode("utf-8")
+            elif not isinstance(item, bytes | bytearray | memoryview):
+                item = str(item).encode("utf-8")
+            parts.append(_U32_PACK(len(item)))
+            parts.append(bytes(item))
     return b"".join(parts)
 
 
@@ -107,24 +124,29 @@ def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = Non
     """Inverse of serialize_bytes_tensor; raises ValueError on a truncated buffer.
 
     `count` comes from a client's shape: each element takes at least its 4-byte length, so a
-    count the buffer cannot hold is refused before anything is sized from it.
+    count the buffer cannot hold is refused before anything is sized from it. A client may
+    send a quarter as many elements as bytes (16 million in a 64 MiB body), each one a turn of
+    this loop on the event loop: it slices `bytes` (one object per element, no memoryview in
+    between) and reads lengths through a bound Struct, about three times the old loop's speed.
     """
-    view = memoryview(buffer)
-    if count is not None and count * 4 > len(view):
-        raise ValueError(
-            f"{count} BYTES elements need at least {count * 4} bytes, {len(view)} given"
-        )
+    data = buffer if type(buffer) is bytes else bytes(buffer)
+    end = len(data)
+    if count is not None and count * 4 > end:
+        raise ValueError(f"{count} BYTES elements need at least {count * 4} bytes, {end} given")
     items: list[bytes] = []
-    offset, end = 0, len(view)
-    while offset < end and (count is None or len(items) < count):
+    append = items.append
+    unpack = _U32_FROM
+    offset = 0
+    for _ in range(count if count is not None else end):
+        if offset >= end:
+            break
         if offset + 4 > end:
             raise ValueError("truncated BYTES element length")
-        (length,) = struct.unpack_from("<I", view, offset)
-        offset += 4
-        if offset + length > end:
+        stop = offset + 4 + unpack(data, offset)[0]
+        if stop > end:
             raise ValueError("truncated BYTES element")
-        items.append(bytes(view[offset : offset + length]))
-        offset += length
+        append(data[offset + 4 : stop])
+        offset = stop
     if count is not None and len(items) != count:
         raise ValueError(f"expected {count} BYTES elements, got {len(items)}")
     out = np.empty(len(items), dtype=np.object_)

@@ -10,7 +10,7 @@ from serving import python_models, start_worker
 from tritonclient.utils import InferenceServerException
 
 from analyzer.worker.limits import HeldBytes
-from analyzer.worker.request import input_bytes
+from analyzer.worker.request import ELEMENT_OVERHEAD, input_bytes
 
 SLOW = '''
 import time
@@ -35,7 +35,9 @@ def test_the_count_of_held_bytes():
     assert held.held == 40 and held.take(60) and not held.take(1)
     numbers = np.zeros((2, 3), dtype=np.float32)
     words = np.array([b"abc", b"", b"defgh"], dtype=object)
-    assert input_bytes({"a": numbers, "b": words}) == 24 + 8
+    # a BYTES element counts its bytes and its own object
+    assert input_bytes({"a": numbers, "b": words}) == 24 + 8 + 3 * ELEMENT_OVERHEAD
+    assert input_bytes({"b": np.full(1_000, b"", dtype=object)}) == 1_000 * ELEMENT_OVERHEAD
 
 
 @pytest.fixture(scope="module")
