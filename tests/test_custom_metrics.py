@@ -270,6 +270,9 @@ class TritonPythonModel:
         first.set(7)
         read = family.Metric(labels={"step": "read"})
         read.set(first.value() + 1)
+        deadline = time.monotonic() + 60  # the worker loads "echo" beside this model
+        while not pb_utils.is_model_ready("echo") and time.monotonic() < deadline:
+            time.sleep(0.05)
         request = pb_utils.InferenceRequest(
             model_name="echo", requested_output_names=["OUT"],
             inputs=[pb_utils.Tensor("IN", np.array([41], dtype=np.float32))])
@@ -299,7 +302,7 @@ def test_a_model_thread_talks_to_the_worker_between_calls(tmp_path):
                   'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
     served = start_worker(tmp_path)
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 75
         text = _scrape(served)
         while 'between_calls{step="ready"}' not in text and time.monotonic() < deadline:
             time.sleep(0.1)
