@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -96,16 +98,23 @@ _U32_PACK = struct.Struct("<I").pack
 _U32_FROM = struct.Struct("<I").unpack_from
 
 
+def object_chunks(array: np.ndarray) -> Iterator[tuple[list[Any], bool]]:
+    """An object tensor's elements in C order, CHUNK_ELEMENTS at a time, each slice with
+    whether its elements are all `bytes` (then C-level passes over it need no type checks)."""
+    items = np.asarray(array, dtype=np.object_).ravel(order="C").tolist()
+    for start in range(0, len(items), CHUNK_ELEMENTS):
+        chunk = items[start : start + CHUNK_ELEMENTS]
+        yield chunk, set(map(type, chunk)) <= {bytes}
+
+
 def serialize_bytes_tensor(array: np.ndarray) -> bytes:
     """Each element as a 4-byte little-endian length followed by its bytes, in C order.
     Elements that are all `bytes` (what the protocols decode) take a path with no Python loop
     per element, a slice of CHUNK_ELEMENTS at a time: a client's tensor may hold millions, and
     one C call over all of them would hold the GIL (and the event loop) for seconds."""
-    items = np.asarray(array, dtype=np.object_).ravel(order="C").tolist()
     parts: list[bytes] = []
-    for start in range(0, len(items), CHUNK_ELEMENTS):
-        chunk = items[start : start + CHUNK_ELEMENTS]
-        if set(map(type, chunk)) <= {bytes}:
+    for chunk, all_bytes in object_chunks(array):
+        if all_bytes:
             prefixes = map(_U32_PACK, map(len, chunk))
             parts.append(b"".join(itertools.chain.from_iterable(zip(prefixes, chunk,
                                                                     strict=True))))  # fmt: skip

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.datatypes import CHUNK_ELEMENTS
+from analyzer.datatypes import object_chunks
 
 # a request's non-batch shapes: (input name, shape[1:]) per input, in order
 Signature = tuple[tuple[str, tuple[int, ...]], ...]
@@ -91,14 +91,12 @@ def input_bytes(inputs: dict[str, np.ndarray]) -> int:
     total = 0
     for array in inputs.values():
         if array.dtype == object:
-            items = array.ravel().tolist()
-            for start in range(0, len(items), CHUNK_ELEMENTS):  # C-level passes, GIL-sized
-                chunk = items[start : start + CHUNK_ELEMENTS]
-                if set(map(type, chunk)) <= {bytes}:  # what the protocols decode
+            for chunk, all_bytes in object_chunks(array):  # C-level passes, GIL-sized
+                if all_bytes:  # what the protocols decode
                     total += sum(map(len, chunk))
                 else:
                     total += sum(len(x) if isinstance(x, bytes | str) else 8 for x in chunk)
-            total += len(items) * ELEMENT_OVERHEAD
+            total += array.size * ELEMENT_OVERHEAD
         else:
             total += array.nbytes
     return total

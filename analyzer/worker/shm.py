@@ -134,12 +134,7 @@ class SharedMemoryRegistry:
         with self._lock:  # (a region's descriptor is closed under the lock only)
             region = self._region(name, offset, size)
             start = region.offset + offset
-            data = os.pread(region.fd, size, start) if size else b""
-            while 0 < len(data) < size:  # a short read: the rest, or the object's end
-                more = os.pread(region.fd, size - len(data), start + len(data))
-                if not more:
-                    break
-                data += more
+            data = os.pread(region.fd, size, start)  # short only at the object's end
             if len(data) < size:
                 raise self._shrunk(region, start + size)
             return data
