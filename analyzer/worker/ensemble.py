@@ -33,6 +33,7 @@ from analyzer.worker.stats import ModelStats
 from analyzer.worker.validate import RequestValidator, model_type_name
 
 if TYPE_CHECKING:
+    from analyzer.worker.limits import HeldBytes
     from analyzer.worker.manager import ModelManager
     from analyzer.worker.model import ModelVersion
 
@@ -67,6 +68,11 @@ class EnsembleVersion:
         self._lock = threading.Lock()
         self._running = 0
         self._closed = False
+
+    @property
+    def held(self) -> HeldBytes:
+        """The worker's --max-queued-size count, which an ensemble's requests share."""
+        return self.manager.held
 
     @property
     def pending(self) -> int:

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from analyzer import __version__
+from analyzer.worker import offload
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.grpc_layouts import Layouts, varint
 from analyzer.worker.grpc_messages import (
@@ -35,6 +36,7 @@ from analyzer.worker.http import RestApi, server_metadata
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager, Served
 from analyzer.worker.names import check_model_name
+from analyzer.worker.offload import PendingBytes
 from analyzer.worker.params import natural_param, sequence_flags, sequence_param
 from analyzer.worker.request import (
     InferRequest,
@@ -266,13 +268,14 @@ class InferenceService:
 
     def prepare(
         self, request: Any, on_done: OnDone, arrival: int = 0
-    ) -> tuple[Served, InferRequest]:
-        """The model and the request to submit; InferError for anything malformed."""
+    ) -> tuple[Served, InferRequest, list[PendingBytes] | None]:
+        """The model, the request to submit and its inputs left to decode (offload.py);
+        InferError for anything malformed."""
         arrival = arrival or time.perf_counter_ns()
         check_model_name(request.model_name)
         model = self.manager.get(request.model_name, request.model_version)
         try:
-            inputs, wire_types = decode_inputs(request, self.shm, model.validator)
+            inputs, wire_types, pending = decode_inputs(request, self.shm, model.validator)
         except InferError:
             raise
         except Exception as err:  # a malformed request must not reach the client as UNKNOWN
@@ -296,7 +299,7 @@ class InferenceService:
             timeout_us=natural_param(params, "timeout"),
             correlation_id=sequence_param(params),
             flags=sequence_flags(params),
-        )
+        ), pending
 
     def submit_bytes(
         self, data: bytes, on_done: OnDone, on_response: OnResponse | None = None
@@ -317,9 +320,12 @@ class InferenceService:
                 fields = pb.ModelInferRequest.FromString(data)
             except DecodeError as err:
                 raise MalformedRequest(str(err)) from None
-            model, request = self.prepare(fields, on_done, arrival)
+            model, request, pending = self.prepare(fields, on_done, arrival)
             request.on_response = on_response
-            model.submit(request)  # validates against the model: may raise InferError
+            if pending is None and not offload.waiting:  # the usual case
+                model.submit(request)  # validates against the model: may raise InferError
+            else:
+                offload.submit(model, request, pending)
             layouts.learn(data, fields, request)
             return model, fields, None, request
         layout, base, request_id = matched
@@ -327,7 +333,10 @@ class InferenceService:
         request = layout.request(data, on_done, arrival, base, request_id)
         request.on_response = on_response
         check_once(model.validator, request, layout.checked)
-        model.submit(request, checked=True)
+        if offload.waiting:
+            offload.submit(model, request, None, checked=True)
+        else:
+            model.submit(request, checked=True)
         return model, layout.fields, layout.output_names, request
 
     def encode_bytes(self, model: Served, request: Any, outputs: Outputs) -> bytes:

@@ -23,7 +23,8 @@ from analyzer.http2 import FRAME as _FRAME
 from analyzer.http2 import U32 as _U32
 from analyzer.http2 import frame as _frame
 from analyzer.http2 import literal as _literal
-from analyzer.worker.errors import InferError
+from analyzer.worker import offload
+from analyzer.worker.errors import InferError, Status
 from analyzer.worker.grpc_state import ConnectionState, Metadata, Stream, wake
 from analyzer.worker.request import Outputs
 
@@ -151,9 +152,18 @@ class CallHandling(ConnectionState):
         finished = self._infer_done
         answer: list[Any] = []  # (model, request fields, requested outputs, id) once submitted
 
-        # on the thread that finished the batch
+        # on the thread that finished the batch; a large answer is encoded there (offload.py)
         def on_done(outputs: Outputs | None, error: Exception | None) -> None:
-            loop.call_soon_threadsafe(finished, stream, answer, outputs, error)
+            if error is None and outputs is not None and len(answer) == 4 and (
+                offload.heavy(outputs)
+            ):
+                encoded = self._encode(answer, outputs)
+                if isinstance(encoded, InferError):
+                    loop.call_soon_threadsafe(finished, stream, answer, None, encoded)
+                else:
+                    loop.call_soon_threadsafe(finished, stream, answer, None, None, encoded)
+            else:
+                loop.call_soon_threadsafe(finished, stream, answer, outputs, error)
 
         try:
             model, fields, requested, request = service.submit_bytes(data, on_done)
@@ -167,24 +177,25 @@ class CallHandling(ConnectionState):
         stream.cancel = request.cancel
 
     def _infer_done(self, stream: Stream, answer: list[Any], outputs: Outputs | None,
-                    error: Exception | None) -> None:  # fmt: skip
+                    error: Exception | None, parts: list[bytes] | None = None) -> None:  # fmt: skip
+        """`parts`: the answer, encoded already on the thread that finished it."""
         if stream.answered or self.streams.get(stream.id) is not stream:
             return
         stream.cancel = None
-        if error is not None:
-            status = error.status.grpc if isinstance(error, InferError) else None
-            self._refuse(stream, status or grpc.StatusCode.INTERNAL, str(error))
-            return
-        try:
-            assert outputs is not None  # no error: the model answered
-            parts = self.service.encode_parts(answer[0], answer[1], outputs, answer[2], answer[3])
-        except InferError as err:
-            self._refuse(stream, err.status.grpc, err.message)
-            return
-        except Exception as err:  # outputs no encoder understands: the call is still answered
-            why = f"model '{answer[0].name}' returned outputs that cannot be sent: {err}"
-            self._refuse(stream, grpc.StatusCode.INTERNAL, why)
-            return
+        if parts is None:
+            if error is None:
+                if outputs is None:  # a backend's bug: still answered
+                    error = InferError("the model returned no outputs", Status.INTERNAL)
+                else:
+                    encoded = self._encode(answer, outputs)
+                    if isinstance(encoded, InferError):
+                        error = encoded
+                    else:
+                        parts = encoded
+            if error is not None or parts is None:
+                status = error.status.grpc if isinstance(error, InferError) else None
+                self._refuse(stream, status or grpc.StatusCode.INTERNAL, str(error))
+                return
         size = sum(map(len, parts))
         n = size + 5
         if stream.headers_sent or stream.out or self.table_update or not stream.remote_done or (
@@ -202,6 +213,16 @@ class CallHandling(ConnectionState):
         self.out += parts
         self.out.append(_OK_TRAILERS_FRAME + _U32.pack(sid) + _OK_TRAILERS)
         self._close(stream)
+
+    def _encode(self, answer: list[Any], outputs: Outputs) -> list[bytes] | InferError:
+        """A unary call's answer as parts to send, or the error that answers it instead."""
+        try:
+            return self.service.encode_parts(answer[0], answer[1], outputs, answer[2], answer[3])
+        except InferError as err:
+            return err
+        except Exception as err:  # outputs no encoder understands: the call is still answered
+            return InferError(f"model '{answer[0].name}' returned outputs that cannot be sent: "
+                              f"{err}", Status.INTERNAL)  # fmt: skip
 
     async def _stream(self, stream: Stream) -> None:
         """ModelStreamInfer: InferenceService's generator fed from the stream's inbox."""

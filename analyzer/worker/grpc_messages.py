@@ -20,6 +20,7 @@ from analyzer.datatypes import (
     wire_to_numpy,
 )
 from analyzer.worker.errors import InferError, Status
+from analyzer.worker.offload import OFFLOAD_ELEMENTS, PENDING, PendingBytes
 from analyzer.worker.params import show_value
 from analyzer.worker.shm import SharedMemoryRegistry, region_params
 from analyzer.worker.validate import RequestValidator
@@ -92,10 +93,11 @@ def tensor_region(tensor: Any, what: str) -> tuple[str, int, int] | None:
 def decode_inputs(
     request: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None,
     validator: RequestValidator | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[PendingBytes] | None]:
     """Inputs from raw_input_contents (one per input not in shared memory), the typed contents,
     or a copy of the shared memory region an input's parameters name. A BYTES input is checked
-    against the model (`validator`) before its elements are made."""
+    against the model (`validator`) before its elements are made; a large one is left to the
+    side thread (offload.py): it is in the pending list, and `inputs` holds its place."""
     if not request.inputs:
         raise InferError("inference request has no inputs")
     regions = [tensor_region(t, f"input '{t.name}'") for t in request.inputs]
@@ -105,6 +107,7 @@ def decode_inputs(
         raise InferError(f"{len(raw)} raw input contents for {plain} inputs")
     inputs: dict[str, np.ndarray] = {}
     wire_types: dict[str, str] = {}
+    pending: list[PendingBytes] | None = None
     next_raw = 0
     for i, tensor in enumerate(request.inputs):
         name, wire, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
@@ -119,18 +122,26 @@ def decode_inputs(
             if region is not None:
                 if shm is None:
                     raise InferError("shared memory is not served here")
-                data = shm.read(*region)
-                array = tensor_from_bytes(memoryview(data), wire, shape, count)
+                data: bytes | None = shm.read(*region)
             elif raw:
-                array = tensor_from_bytes(memoryview(raw[next_raw]), wire, shape, count)
+                data = raw[next_raw]
                 next_raw += 1
             else:
+                data = None
                 array = _from_contents(tensor, wire, dtype, shape, count)
+            if data is None:
+                pass
+            elif wire == "BYTES" and count >= OFFLOAD_ELEMENTS:
+                pending = pending or []
+                pending.append(PendingBytes(name, data, shape, count))
+                array = PENDING
+            else:
+                array = tensor_from_bytes(memoryview(data), wire, shape, count)
         except ValueError as err:
             raise InferError(f"input '{name}': {err}") from None
         inputs[name] = array
         wire_types[name] = wire
-    return inputs, wire_types
+    return inputs, wire_types, pending
 
 
 def _from_contents(tensor: Any, wire: str, dtype: Any, shape: tuple[int, ...],

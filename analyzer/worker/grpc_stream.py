@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import service_pb2 as pb
 
+from analyzer.worker import offload
 from analyzer.worker.errors import InferError
 from analyzer.worker.grpc_layouts import varint
 from analyzer.worker.grpc_messages import MalformedRequest, stream_error
@@ -58,17 +59,20 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
 
     # on the loop
     def finished(number: int, answer: list[Any], outputs: Outputs | None,
-                 error: Exception | None) -> None:  # fmt: skip
+                 error: Exception | None, parts: list[bytes] | None = None) -> None:  # fmt: skip
         in_flight.pop(number, None)
-        if answer[4] and error is None:  # decoupled: its responses went out as they came
+        if parts is not None:  # encoded on the thread that finished it (offload.py)
+            done.put_nowait((parts, True))
+        elif answer[4] and error is None:  # decoupled: its responses went out as they came
             done.put_nowait((None, True))
         else:
             done.put_nowait((_response(service, answer, outputs, error), True))
 
     # on the loop
     def streamed(answer: list[Any], outputs: Outputs | None, error: Exception | None,
-                 final: bool) -> None:  # fmt: skip
-        parts = _decoupled_response(service, answer, outputs, error, final)
+                 final: bool, parts: list[bytes] | None = None) -> None:  # fmt: skip
+        if parts is None:
+            parts = _decoupled_response(service, answer, outputs, error, final)
         if parts is not None:
             done.put_nowait((parts, False))
 
@@ -86,15 +90,28 @@ async def answer_stream(service: InferenceService, inbox: Inbox) -> AsyncIterato
                 # (model, fields, requested outputs, id, decoupled) once queued
                 answer: list[Any] = []
 
-                # on the model's thread
+                # on the model's thread; a large answer is encoded there (offload.py)
                 def on_done(outputs: Outputs | None, error: Exception | None, number: int = number,
                             answer: list[Any] = answer) -> None:  # fmt: skip
-                    loop.call_soon_threadsafe(finished, number, answer, outputs, error)
+                    if error is None and outputs is not None and len(answer) == 5 and (
+                        not answer[4] and offload.heavy(outputs)
+                    ):
+                        parts = _response(service, answer, outputs, None)
+                        loop.call_soon_threadsafe(finished, number, answer, None, None, parts)
+                    else:
+                        loop.call_soon_threadsafe(finished, number, answer, outputs, error)
 
                 # on the model's thread
                 def on_response(outputs: Outputs | None, error: Exception | None, final: bool,
                                 answer: list[Any] = answer) -> None:  # fmt: skip
-                    loop.call_soon_threadsafe(streamed, answer, outputs, error, final)
+                    if error is None and outputs is not None and len(answer) == 5 and (
+                        offload.heavy(outputs)
+                    ):
+                        parts = _decoupled_response(service, answer, outputs, None, final)
+                        if parts is not None:
+                            loop.call_soon_threadsafe(streamed, answer, None, None, final, parts)
+                    else:
+                        loop.call_soon_threadsafe(streamed, answer, outputs, error, final)
 
                 pending += 1
                 try:

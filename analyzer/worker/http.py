@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
 from analyzer.config.model_config import model_config_to_dict
+from analyzer.worker import offload
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.http_message import (
     Handler,
@@ -268,7 +270,8 @@ class RestApi:
         model = self.manager.get(name, version)
         arrival = time.perf_counter_ns()
         plan, header, binary = self._plans.plan(http)
-        inputs, wire_types = _decode_inputs(plan, header, binary, self.shm, model.validator)
+        inputs, wire_types, pending = _decode_inputs(plan, header, binary, self.shm,
+                                                     model.validator)  # fmt: skip
         for spec in plan.outputs or ():  # regions named for outputs exist before the model runs
             if (region := region_params(spec.get("parameters") or {}, "")) is not None:
                 self.shm.check(*region)
@@ -276,26 +279,28 @@ class RestApi:
         outputs_spec, binary_default, heads = plan.outputs, plan.binary_default, plan.heads
         loop = self.loop
 
-        def finish(outputs: Outputs | None, error: Exception | None) -> None:
+        def encode(outputs: Outputs | None, error: Exception | None) -> HttpResponse:
             if error is not None or outputs is None:  # (neither: a backend's bug, still answered)
                 error = error or InferError("the model returned no outputs", Status.INTERNAL)
                 status = error.status.http if isinstance(error, InferError) else 500
-                respond(error_response(status, str(error)))
-                return
+                return error_response(status, str(error))
             try:
-                response = _encode_outputs(
+                return _encode_outputs(
                     model, request_id, outputs, outputs_spec, binary_default, heads, self.shm
                 )
             except InferError as err:  # an output's shared memory region: the client's
-                response = error_response(err.status.http, str(err))
+                return error_response(err.status.http, str(err))
             except Exception as err:  # the model's fault, but the client still gets an answer
-                response = error_response(
+                return error_response(
                     500, f"model '{model.name}' returned outputs that cannot be sent: {err}"
                 )
-            respond(response)
 
+        # on the thread that finished the request; a large answer is encoded there (offload.py)
         def on_done(outputs: Outputs | None, error: Exception | None) -> None:
-            loop.call_soon_threadsafe(finish, outputs, error)
+            if outputs is not None and offload.heavy(outputs):
+                loop.call_soon_threadsafe(respond, encode(outputs, error))
+            else:
+                loop.call_soon_threadsafe(_finish, respond, encode, outputs, error)
 
         request = InferRequest(
             name,
@@ -313,11 +318,20 @@ class RestApi:
             signature=plan.signature,
         )
         http.on_disconnect(request.cancel)
-        if plan.checked is not None:  # a kept plan: its layout is checked once per model version
-            check_once(model.validator, request, plan.checked)
-            model.submit(request, checked=True)
+        if pending is None and not offload.waiting:  # the usual case
+            if plan.checked is not None:  # a kept plan: its layout is checked once per model
+                check_once(model.validator, request, plan.checked)
+                model.submit(request, checked=True)
+                return
+            model.submit(request)
             return
-        model.submit(request)
+        offload.submit(model, request, pending)
+
+
+def _finish(respond: Respond, encode: Callable[[Outputs | None, Exception | None], HttpResponse],
+            outputs: Outputs | None, error: Exception | None) -> None:  # fmt: skip
+    """On the loop: a request's answer, encoded and sent."""
+    respond(encode(outputs, error))
 
 
 def _done_response(future: asyncio.Future[Any]) -> HttpResponse:

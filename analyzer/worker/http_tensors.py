@@ -24,6 +24,7 @@ from analyzer.datatypes import (
 )
 from analyzer.worker.errors import InferError
 from analyzer.worker.http_message import HttpRequest, HttpResponse, error_response
+from analyzer.worker.offload import OFFLOAD_ELEMENTS, PENDING, PendingBytes
 from analyzer.worker.params import (
     _object,
     _parse_json,
@@ -201,12 +202,14 @@ def _make_plan(header: dict[str, Any], keep: bool) -> _Plan:
 def _decode_inputs(
     plan: _Plan, header: dict[str, Any] | None, binary: memoryview,
     shm: SharedMemoryRegistry | None = None, validator: RequestValidator | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[PendingBytes] | None]:
     """The input arrays: views of the binary part, copies of a shared memory region, or
     converted JSON 'data' (header given). A BYTES input is checked against the model
-    (`validator`) before its elements are made."""
+    (`validator`) before its elements are made; a large one is left to the side thread
+    (offload.py): it is in the pending list, and `inputs` holds its place."""
     inputs: dict[str, np.ndarray] = {}
     wire_types: dict[str, str] = {}
+    pending: list[PendingBytes] | None = None
     offset = 0
     available = len(binary)
     for p in plan.inputs:
@@ -218,26 +221,34 @@ def _decode_inputs(
                 if shm is None:
                     raise InferError("shared memory is not served here")
                 region, at, length = p.region
-                array = tensor_from_bytes(memoryview(shm.read(region, at, length)), p.wire,
-                                          p.shape, p.count)  # fmt: skip
+                data: bytes | memoryview | None = shm.read(region, at, length)
             elif size is not None:
                 if offset + size > available:
                     raise InferError(
                         f"unexpected end of binary data for input '{name}': needs {size} bytes, "
                         f"{available - offset} remain"
                     )
-                array = tensor_from_bytes(binary[offset : offset + size], p.wire, p.shape, p.count)
+                data = binary[offset : offset + size]
                 offset += size
             else:
                 assert header is not None  # plans with JSON data are never kept
+                data = None
                 array = _from_json_data(header["inputs"][p.index]["data"], p.wire, p.shape, p.count)
+            if data is None:
+                pass
+            elif p.wire == "BYTES" and p.count >= OFFLOAD_ELEMENTS:
+                pending = pending or []
+                pending.append(PendingBytes(name, data, p.shape, p.count))
+                array = PENDING
+            else:
+                array = tensor_from_bytes(data, p.wire, p.shape, p.count)
         except ValueError as err:
             raise InferError(f"input '{name}': {err}") from None
         inputs[name] = array
         wire_types[name] = p.wire
     if offset != available:
         raise InferError(f"{available - offset} unexpected bytes after the binary input data")
-    return inputs, wire_types
+    return inputs, wire_types, pending
 
 
 def _input_spec(spec: Any) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:

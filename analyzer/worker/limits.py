@@ -98,14 +98,18 @@ class HeldBytes:
         with self._lock:
             self.held -= size
 
-    def admit(self, request: InferRequest) -> None:
-        """Count a request's input bytes until `release`, or refuse it (503 / UNAVAILABLE)."""
-        size = input_bytes(request.inputs)
+    def hold(self, size: int) -> None:
+        """Hold `size` more bytes, or refuse the request they belong to (503 / UNAVAILABLE)."""
         if not self.take(size):
             raise InferError(
                 f"the worker holds {self.held / MIB:.0f} MiB of requests not yet answered; "
                 f"{size / MIB:.1f} MiB more would pass its --max-queued-size of "
                 f"{self.limit / MIB:.0f} MiB: retry later", Status.UNAVAILABLE)  # fmt: skip
+
+    def admit(self, request: InferRequest) -> None:
+        """Count a request's input bytes until `release`, or refuse it (503 / UNAVAILABLE)."""
+        size = input_bytes(request.inputs)
+        self.hold(size)
         request.held_bytes = size
 
     def release(self, request: InferRequest) -> None:

@@ -1,0 +1,151 @@
+"""A client's large BYTES tensors are decoded and encoded away from the event loop.
+
+Decoding a BYTES tensor makes one Python object per element (~0.4 µs each): a 64 MiB body holds
+16 million, and on the loop that was 8.6 s in which the worker answered nobody, health checks
+included. So an input of at least OFFLOAD_ELEMENTS elements is decoded, and its request checked
+and queued, on one side thread; an answer holding an output that large is encoded on the thread
+that finished it (`heavy`). The side thread takes each model's requests in arrival order: while
+one of a model's requests waits there, that model's later requests follow it instead of passing
+it (a sequence's steps stay in order). Nothing else changes path: below the threshold a request
+costs one truth test more.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from analyzer.datatypes import tensor_from_bytes
+from analyzer.worker.errors import InferError, Status
+from analyzer.worker.limits import HeldBytes
+from analyzer.worker.request import InferRequest
+
+log = logging.getLogger(__name__)
+
+OFFLOAD_ELEMENTS = 1 << 16  # ~25 ms of decoding; a text batch of any usual size stays inline
+PENDING = np.empty(0, dtype=np.object_)  # an input's place in `inputs` until it is decoded
+
+
+@dataclass(slots=True)
+class PendingBytes:
+    """A BYTES input received but not decoded: its serialized elements and the client's shape."""
+
+    name: str
+    buffer: bytes | memoryview
+    shape: tuple[int, ...]
+    count: int
+
+
+class Submits(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def held(self) -> HeldBytes | None: ...
+
+    def submit(self, request: InferRequest, checked: bool = False) -> None: ...
+
+
+def later(wire: str, count: int) -> bool:
+    """Whether an input of this datatype and element count is decoded on the side thread."""
+    return wire == "BYTES" and count >= OFFLOAD_ELEMENTS
+
+
+def heavy(outputs: Mapping[str, Any]) -> bool:
+    """Whether an answer's encoding is worth keeping off the loop: an output with as many
+    elements as a deferred input (a BYTES one makes a Python call per element; any other
+    one may be asked for as JSON, one number at a time)."""
+    try:
+        for array in outputs.values():
+            if array.size >= OFFLOAD_ELEMENTS:
+                return True
+    except AttributeError:  # not an array: the encoder answers that one with its error
+        pass
+    return False
+
+
+_lock = threading.Lock()
+# id(model) -> its requests handed to the side thread, not yet queued; read without the lock
+waiting: dict[int, int] = {}
+_executor: ThreadPoolExecutor | None = None
+
+
+def submit(model: Submits, request: InferRequest, pending: list[PendingBytes] | None,
+           checked: bool = False) -> None:  # fmt: skip
+    """Queue `request` on `model` now, or after its `pending` inputs are decoded on the side
+    thread. Raises InferError only when queued now; later, errors reach `request.on_done`.
+    (The front ends call `model.submit` themselves when `pending` is None and `waiting` is
+    empty: the usual case, without this call.)"""
+    if pending is None and not waiting:  # the usual case: no lock, nothing waits anywhere
+        model.submit(request, checked)
+        return
+    global _executor
+    key = id(model)
+    # a request waiting to be decoded is accepted: its serialized inputs count against
+    # --max-queued-size until the decoded ones are counted in their place (model.submit)
+    size = sum(len(item.buffer) for item in pending) if pending else 0
+    held = model.held
+    if size and held is not None:
+        held.hold(size)  # raises InferError (503 / UNAVAILABLE) beyond the limit
+    with _lock:
+        if pending is None and key not in waiting:
+            direct = True
+        else:
+            direct = False
+            waiting[key] = waiting.get(key, 0) + 1
+            if _executor is None:
+                _executor = ThreadPoolExecutor(1, thread_name_prefix="bytes-decode")
+            executor = _executor
+    if direct:
+        model.submit(request, checked)
+        return
+    try:
+        executor.submit(_decode_and_submit, model, request, pending or [], checked, size)
+    except RuntimeError:  # the interpreter is shutting down: answer here
+        _done(key, held, size)
+        raise InferError("the worker is shutting down", Status.UNAVAILABLE) from None
+
+
+def _decode_and_submit(model: Submits, request: InferRequest, pending: list[PendingBytes],
+                       checked: bool, size: int) -> None:  # fmt: skip
+    try:
+        for item in pending:
+            try:
+                request.inputs[item.name] = tensor_from_bytes(
+                    item.buffer, "BYTES", item.shape, item.count)  # fmt: skip
+            except ValueError as err:
+                raise InferError(f"input '{item.name}': {err}") from None
+            item.buffer = b""  # the body's view is not kept past its decoding
+        model.submit(request, checked and not pending)
+    except InferError as err:
+        _answer(request, err)
+    except Exception as err:  # a bug must still answer the request
+        log.exception("a deferred request for model '%s' failed", model.name)
+        _answer(request, InferError(f"internal error: {type(err).__name__}: {err}",
+                                    Status.INTERNAL))  # fmt: skip
+    finally:
+        _done(id(model), model.held, size)
+
+
+def _answer(request: InferRequest, error: InferError) -> None:
+    try:
+        request.on_done(None, error)
+    except Exception:  # noqa: BLE001 - the protocol's callback; nothing else can answer
+        log.exception("cannot answer a deferred request")
+
+
+def _done(key: int, held: HeldBytes | None, size: int) -> None:
+    if size and held is not None:
+        held.give(size)
+    with _lock:
+        left = waiting.get(key, 0) - 1
+        if left > 0:
+            waiting[key] = left
+        else:
+            waiting.pop(key, None)
