@@ -1,0 +1,150 @@
+"""How long one large BYTES request keeps the worker from answering anyone else.
+
+    .venv/bin/python benchmarks/bytes_stall.py [--elements 16000000] [--compare-tree /tmp/before]
+        [--rounds 2]
+
+A python model takes a BYTES tensor of `--elements` empty elements (4 bytes each on the wire:
+16 million fill a 64 MiB body, the default cap) and answers its size, or echoes it back
+(`echo`). While one such request is served, a second client asks `/v2/health/live` every 20 ms
+on its own connection; the figure is the longest wait of those probes, which is how long the
+worker's event loop was busy elsewhere. HTTP (binary data) and gRPC (raw contents) alike, each
+(tree, protocol, echo) in its own fresh worker, trees alternating round by round. With
+`--compare-tree`, the other checkout's `analyzer` is measured the same way beside this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from serving import python_models, start_worker  # noqa: E402
+
+MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            echo = text if ECHO else np.array([b"x"], dtype=object)
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("N", np.array([text.size], dtype=np.int64)),
+                pb_utils.Tensor("ECHO", echo)]))
+        return out
+"""
+CONFIG = ('max_batch_size: 0 input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ] '
+          'output [ { name: "N" data_type: TYPE_INT64 dims: [ 1 ] }, '
+          '{ name: "ECHO" data_type: TYPE_STRING dims: [ -1 ] } ]')  # fmt: skip
+PROBE_EVERY_S = 0.02
+
+
+def _probe(address: str, stop: threading.Event, waits: list[float]) -> None:
+    conn = http.client.HTTPConnection(address, timeout=600)
+    while not stop.is_set():
+        start = time.perf_counter()
+        conn.request("GET", "/v2/health/live")
+        conn.getresponse().read()
+        waits.append(time.perf_counter() - start)
+        time.sleep(PROBE_EVERY_S)
+    conn.close()
+
+
+def _http(address: str, count: int) -> None:
+    blob = b"\0\0\0\0" * count
+    header = json.dumps({
+        "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [count],
+                    "parameters": {"binary_data_size": len(blob)}}],
+        "outputs": [{"name": "N"}, {"name": "ECHO", "parameters": {"binary_data": True}}],
+    }).encode()  # fmt: skip
+    conn = http.client.HTTPConnection(address, timeout=600)
+    conn.request("POST", "/v2/models/bytes/infer", header + blob,
+                 {"Inference-Header-Content-Length": str(len(header))})  # fmt: skip
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}")
+
+
+def _grpc(address: str, count: int) -> None:
+    request = pb.ModelInferRequest(model_name="bytes", raw_input_contents=[b"\0\0\0\0" * count])
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[count])
+    size = 1 << 28
+    options = [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=600)
+
+
+def measure(tree: Path | None, repo: Path, protocol: str, count: int) -> tuple[float, float]:
+    """(longest probe wait, the large request's own time), in seconds."""
+    served = start_worker(repo, "--http-max-input-size", "128MB", "--grpc-max-message-size",
+                          "128MB", source_tree=tree)  # fmt: skip
+    try:
+        waits: list[float] = []
+        stop = threading.Event()
+        prober = threading.Thread(target=_probe, args=(served.http, stop, waits))
+        prober.start()
+        time.sleep(0.5)
+        start = time.perf_counter()
+        (_http if protocol == "http" else _grpc)(
+            served.http if protocol == "http" else served.grpc, count)
+        took = time.perf_counter() - start
+        time.sleep(0.3)
+        stop.set()
+        prober.join()
+        return max(waits), took
+    finally:
+        served.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--elements", type=int, default=16_000_000)
+    parser.add_argument("--compare-tree", type=Path)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    trees: list[tuple[str, Path | None]] = [("this tree", None)]
+    if args.compare_tree:
+        trees.append(("compared tree", args.compare_tree.resolve()))
+    results: dict[tuple[str, str, bool], list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        repos = {}
+        for echo in (False, True):
+            repo = Path(scratch) / ("echo" if echo else "count")
+            python_models(repo, {"bytes": MODEL.replace("ECHO else", f"{echo} else")}, CONFIG)
+            repos[echo] = repo
+        for round_ in range(args.rounds):
+            for protocol in ("http", "grpc"):
+                for echo in (False, True):
+                    order = trees if round_ % 2 == 0 else trees[::-1]
+                    for label, tree in order:
+                        wait, took = measure(tree, repos[echo], protocol, args.elements)
+                        results.setdefault((label, protocol, echo), []).append((wait, took))
+                        print(f"round {round_ + 1} {label} {protocol} echo={echo}: longest "
+                              f"health-check wait {wait * 1000:.0f} ms, request {took:.1f} s",
+                              flush=True)  # fmt: skip
+    print(f"\n{args.elements:,} empty BYTES elements; medians of {args.rounds} rounds")
+    for (label, protocol, echo), values in sorted(results.items()):
+        wait = statistics.median(v[0] for v in values)
+        took = statistics.median(v[1] for v in values)
+        print(f"{label:14} {protocol:5} {'echo' if echo else 'count':6} longest wait "
+              f"{wait * 1000:7.0f} ms   request {took:5.1f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
