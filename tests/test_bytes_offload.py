@@ -49,9 +49,9 @@ def test_only_large_bytes_inputs_are_left_to_the_side_thread():
     inputs, wires, pending = http_tensors._decode_inputs(plan, None, memoryview(blob))
     assert inputs["S"].tolist() == small.tolist()
     assert list(inputs) == ["S", "L"] and inputs["L"] is offload.PENDING  # its place is kept
-    assert pending is not None and [(p.name, p.shape, p.count) for p in pending] == [
-        ("L", (N,), N)]
-    assert bytes(pending[0].buffer) == serialize_bytes_tensor(large)
+    assert pending is not None and [(p.name, p.size) for p in pending] == [
+        ("L", len(serialize_bytes_tensor(large)))]
+    assert pending[0].make is not None and pending[0].make().tolist() == large.tolist()
 
     request = pb.ModelInferRequest(model_name="m", raw_input_contents=[
         serialize_bytes_tensor(small), serialize_bytes_tensor(large)])
@@ -64,6 +64,17 @@ def test_only_large_bytes_inputs_are_left_to_the_side_thread():
     fixed = pb.ModelInferRequest(model_name="m", raw_input_contents=[bytes(4 * N)])
     fixed.inputs.add(name="X", datatype="FP32", shape=[N])
     assert grpc_messages.decode_inputs(fixed)[2] is None  # other types are views, never pending
+
+    # typed contents are one Python value per element: large ones are converted later too
+    typed = pb.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="X", datatype="FP32", shape=[N]).contents.fp32_contents.extend(
+        range(N))
+    typed.inputs.add(name="Y", datatype="INT32", shape=[2]).contents.int_contents.extend([7, 8])
+    inputs, wires, pending = grpc_messages.decode_inputs(typed)
+    assert inputs["X"] is offload.PENDING and inputs["Y"].tolist() == [7, 8]
+    assert pending is not None and [p.name for p in pending] == ["X"]
+    assert pending[0].make is not None
+    assert pending[0].make().tolist() == list(map(float, range(N)))
 
 
 class _Model:
@@ -83,15 +94,17 @@ class _Model:
         request.on_done({}, None)
 
 
-def _request(rid: str, answers: queue.Queue, count: int = 0
-             ) -> tuple[InferRequest, list[offload.PendingBytes] | None]:  # fmt: skip
+def _request(rid: str, answers: queue.Queue, count: int = 0, cut: int = 0
+             ) -> tuple[InferRequest, list[offload.PendingInput] | None]:  # fmt: skip
+    """A request for `_Model`; with `count`, a pending BYTES input of that many elements
+    (`cut` bytes short of them)."""
     inputs = {"TEXT": offload.PENDING} if count else {}
     request = InferRequest("m", inputs, {"TEXT": "BYTES"} if count else {}, None,
                            lambda outputs, error: answers.put((rid, error)), id=rid)  # fmt: skip
     if not count:
         return request, None
-    return request, [offload.PendingBytes("TEXT", serialize_bytes_tensor(_words(count)),
-                                          (count,), count)]  # fmt: skip
+    data = serialize_bytes_tensor(_words(count))
+    return request, [offload.pending_bytes("TEXT", data[: len(data) - cut], (count,), count)]
 
 
 def test_a_models_later_requests_follow_its_deferred_one_and_other_models_go_on(monkeypatch):
@@ -125,10 +138,7 @@ def test_deferred_requests_are_answered_when_they_fail_and_their_bytes_are_count
     held = HeldBytes(limit=10 << 20)
     model = _Model("m", held)
     # a count the buffer does not hold: answered with the input's name, as inline decoding is
-    request, pending = _request("short", answers, N)
-    assert pending is not None
-    pending[0].buffer = pending[0].buffer[:-1]
-    offload.submit(model, request, pending)
+    offload.submit(model, *_request("short", answers, N, cut=1))
     rid, error = answers.get(timeout=30)
     assert rid == "short" and isinstance(error, InferError)
     assert error.status == Status.INVALID_ARG and "input 'TEXT': truncated BYTES element" in str(
@@ -248,3 +258,47 @@ def test_a_large_malformed_bytes_input_is_answered_over_both_protocols(worker):
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details() == "input 'TEXT': truncated BYTES element"
         assert stub.ServerLive(pb.ServerLiveRequest(), timeout=60).live  # the worker goes on
+
+
+def test_a_large_json_request_is_read_off_the_loop_and_answered(worker):
+    """A REST body of 1 MiB of JSON or more is parsed and converted on the offload thread."""
+    words = _words(150_000)
+    body = json.dumps({"id": "big", "inputs": [{
+        "name": "TEXT", "datatype": "BYTES", "shape": [words.size],
+        "data": [w.decode() for w in words.tolist()]}]}).encode()  # fmt: skip
+    assert len(body) >= offload.OFFLOAD_JSON_BYTES
+    conn = http.client.HTTPConnection(worker.http, timeout=60)
+    try:
+        conn.request("POST", "/v2/models/echo/infer", body)
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 200, answer
+        assert answer["id"] == "big"
+        echoed = {o["name"]: o["data"] for o in answer["outputs"]}
+        assert echoed["N"] == [words.size]
+        assert echoed["ECHO"] == [w.decode() for w in words[::-1].tolist()]
+        # its errors come back as the inline path's would
+        conn.request("POST", "/v2/models/echo/infer", body[:-1])
+        response = conn.getresponse()
+        error = json.loads(response.read())["error"]
+        assert response.status == 400 and error.startswith("malformed JSON in request body")
+        wrong = body.replace(b'"datatype": "BYTES"', b'"datatype": "INT32"')
+        conn.request("POST", "/v2/models/echo/infer", wrong)
+        response = conn.getresponse()
+        assert response.status == 400
+        assert "'data' of a" in json.loads(response.read())["error"]
+    finally:
+        conn.close()
+
+
+def test_large_typed_contents_round_trip_over_grpc(worker):
+    request = pb.ModelInferRequest(model_name="echo")
+    text = request.inputs.add(name="TEXT", datatype="BYTES", shape=[WORDS.size])
+    text.contents.bytes_contents.extend(WORDS.tolist())
+    with grpc.insecure_channel(worker.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response = stub.ModelInfer(request, timeout=60)
+    names = [o.name for o in response.outputs]
+    echoed = grpc_messages.tensor_from_bytes(response.raw_output_contents[names.index("ECHO")],
+                                             "BYTES", (WORDS.size,))  # fmt: skip
+    assert echoed.tolist() == EXPECTED

@@ -36,7 +36,7 @@ from analyzer.worker.http import RestApi, server_metadata
 from analyzer.worker.limits import Limits
 from analyzer.worker.manager import ModelManager, Served
 from analyzer.worker.names import check_model_name
-from analyzer.worker.offload import PendingBytes
+from analyzer.worker.offload import PendingInput
 from analyzer.worker.params import natural_param, sequence_flags, sequence_param
 from analyzer.worker.request import (
     InferRequest,
@@ -268,7 +268,7 @@ class InferenceService:
 
     def prepare(
         self, request: Any, on_done: OnDone, arrival: int = 0
-    ) -> tuple[Served, InferRequest, list[PendingBytes] | None]:
+    ) -> tuple[Served, InferRequest, list[PendingInput] | None]:
         """The model, the request to submit and its inputs left to decode (offload.py);
         InferError for anything malformed."""
         arrival = arrival or time.perf_counter_ns()

@@ -7,12 +7,14 @@ stream's error response. Pure functions of the messages: InferenceService holds 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from analyzer.datatypes import (
+    CHUNK_ELEMENTS,
     numpy_to_wire,
     shape_count,
     tensor_from_bytes,
@@ -20,7 +22,7 @@ from analyzer.datatypes import (
     wire_to_numpy,
 )
 from analyzer.worker.errors import InferError, Status
-from analyzer.worker.offload import OFFLOAD_ELEMENTS, PENDING, PendingBytes
+from analyzer.worker.offload import OFFLOAD_ELEMENTS, PENDING, PendingInput, pending_bytes
 from analyzer.worker.params import show_value
 from analyzer.worker.shm import SharedMemoryRegistry, region_params
 from analyzer.worker.validate import RequestValidator
@@ -93,7 +95,7 @@ def tensor_region(tensor: Any, what: str) -> tuple[str, int, int] | None:
 def decode_inputs(
     request: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None,
     validator: RequestValidator | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, str], list[PendingBytes] | None]:
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[PendingInput] | None]:
     """Inputs from raw_input_contents (one per input not in shared memory), the typed contents,
     or a copy of the shared memory region an input's parameters name. A BYTES input is checked
     against the model (`validator`) before its elements are made; a large one is left to the
@@ -107,7 +109,7 @@ def decode_inputs(
         raise InferError(f"{len(raw)} raw input contents for {plain} inputs")
     inputs: dict[str, np.ndarray] = {}
     wire_types: dict[str, str] = {}
-    pending: list[PendingBytes] | None = None
+    pending: list[PendingInput] | None = None
     next_raw = 0
     for i, tensor in enumerate(request.inputs):
         name, wire, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
@@ -128,12 +130,19 @@ def decode_inputs(
                 next_raw += 1
             else:
                 data = None
-                array = _from_contents(tensor, wire, dtype, shape, count)
+                values = _contents(tensor, wire, shape, count)
+                if count >= OFFLOAD_ELEMENTS:  # one Python value per element to convert
+                    pending = pending or []
+                    pending.append(PendingInput(name, count * 8, partial(
+                        _from_contents, values, wire, dtype, shape, count)))  # fmt: skip
+                    array = PENDING
+                else:
+                    array = _from_contents(values, wire, dtype, shape, count)
             if data is None:
                 pass
             elif wire == "BYTES" and count >= OFFLOAD_ELEMENTS:
                 pending = pending or []
-                pending.append(PendingBytes(name, data, shape, count))
+                pending.append(pending_bytes(name, data, shape, count))
                 array = PENDING
             else:
                 array = tensor_from_bytes(memoryview(data), wire, shape, count)
@@ -144,22 +153,30 @@ def decode_inputs(
     return inputs, wire_types, pending
 
 
-def _from_contents(tensor: Any, wire: str, dtype: Any, shape: tuple[int, ...],
-                   count: int) -> np.ndarray:  # fmt: skip
+def _contents(tensor: Any, wire: str, shape: tuple[int, ...], count: int) -> Any:
+    """The typed contents field of a tensor's datatype, checked to hold `count` values."""
     field = _CONTENTS_FIELD.get(wire)
     if field is None:
         raise ValueError(f"datatype {wire} must be sent in raw_input_contents")
     values = getattr(tensor.contents, field)
     if len(values) != count:  # before any copy: the count is the client's claim
         raise ValueError(f"shape {list(shape)} needs {count} values, contents have {len(values)}")
-    if wire == "BYTES":
-        out = np.empty(count, dtype=np.object_)
-        out[:] = list(values)
-        return out.reshape(shape)
+    return values
+
+
+def _from_contents(values: Any, wire: str, dtype: Any, shape: tuple[int, ...],
+                   count: int) -> np.ndarray:  # fmt: skip
+    """Checked contents (`_contents`) as an array."""
+    out = np.empty(count, dtype=np.object_ if wire == "BYTES" else dtype)
+    # a slice at a time when large: one numpy call over millions of values holds the GIL, and
+    # so the event loop, for as long as it runs, even on the offload thread
+    step = CHUNK_ELEMENTS if count > CHUNK_ELEMENTS else max(count, 1)
     try:
-        return np.asarray(values, dtype=dtype).reshape(shape)
+        for start in range(0, count, step):
+            out[start : start + step] = values[start : start + step]
     except OverflowError as err:  # e.g. 300 in uint_contents of a UINT8 input
         raise ValueError(f"contents do not fit {wire}: {err}") from None
+    return out.reshape(shape)
 
 
 def encode_outputs(model: Any, request_id: str, outputs: dict[str, np.ndarray],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,14 +25,16 @@ from analyzer.worker.http_message import (
     Respond,
     error_response,
 )
-from analyzer.worker.http_tensors import _decode_inputs, _encode_outputs, _Plans
-from analyzer.worker.manager import ModelManager
+from analyzer.worker.http_tensors import HEADER_LENGTH, _decode_inputs, _encode_outputs, _Plans
+from analyzer.worker.manager import ModelManager, Served
 from analyzer.worker.names import check_model_name
 from analyzer.worker.params import _object, _parse_json, show_value
 from analyzer.worker.request import InferRequest, Outputs
 from analyzer.worker.restrict import Restrictions
 from analyzer.worker.shm import CUDA_UNAVAILABLE, SharedMemoryRegistry, region_params
 from analyzer.worker.validate import check_once
+
+log = logging.getLogger(__name__)
 
 JSON_TYPE = "application/json"
 # /v2/models/<name>[/versions/<v>]/<action> -> Triton's restricted-API category
@@ -269,6 +272,34 @@ class RestApi:
     def _infer(self, http: HttpRequest, name: str, version: str, respond: Respond) -> None:
         model = self.manager.get(name, version)
         arrival = time.perf_counter_ns()
+        if len(http.body) >= offload.OFFLOAD_JSON_BYTES and _json_length(http) >= (
+            offload.OFFLOAD_JSON_BYTES
+        ):
+            self._infer_later(http, name, model, arrival, respond)
+            return
+        self._infer_now(http, name, model, arrival, respond)
+
+    def _infer_later(self, http: HttpRequest, name: str, model: Served, arrival: int,
+                     respond: Respond) -> None:  # fmt: skip
+        """A request whose JSON is large (~40 ms a MiB to parse and convert) is read, checked
+        and queued on the offload thread, in its model's order; its errors hop back here."""
+        loop = self.loop
+
+        def job() -> None:
+            try:
+                self._infer_now(http, name, model, arrival, respond, offloaded=True)
+            except InferError as err:
+                loop.call_soon_threadsafe(respond, _error(err))
+            except Exception as err:  # a bug must still answer the request
+                log.exception("a large JSON request for model '%s' failed", name)
+                loop.call_soon_threadsafe(respond, error_response(500, f"internal error: {err}"))
+
+        offload.defer(model, len(http.body), job)
+
+    def _infer_now(self, http: HttpRequest, name: str, model: Served, arrival: int,
+                   respond: Respond, offloaded: bool = False) -> None:  # fmt: skip
+        """Parse, check and queue; `offloaded`: on the offload thread, where pending BYTES are
+        decoded in place and the model's order is already kept."""
         plan, header, binary = self._plans.plan(http)
         inputs, wire_types, pending = _decode_inputs(plan, header, binary, self.shm,
                                                      model.validator)  # fmt: skip
@@ -318,6 +349,10 @@ class RestApi:
             signature=plan.signature,
         )
         http.on_disconnect(request.cancel)
+        if offloaded:
+            offload.decode(request, pending or [])
+            model.submit(request)
+            return
         if pending is None and not offload.waiting:  # the usual case
             if plan.checked is not None:  # a kept plan: its layout is checked once per model
                 check_once(model.validator, request, plan.checked)
@@ -326,6 +361,18 @@ class RestApi:
             model.submit(request)
             return
         offload.submit(model, request, pending)
+
+
+def _json_length(http: HttpRequest) -> int:
+    """The length of a request's JSON: its Inference-Header-Content-Length, else the body's
+    (0 for a malformed length, which the parser answers)."""
+    length = http.headers.get(HEADER_LENGTH)
+    if length is None:
+        return len(http.body)
+    try:
+        return int(length)
+    except ValueError:
+        return 0
 
 
 def _finish(respond: Respond, encode: Callable[[Outputs | None, Exception | None], HttpResponse],

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from analyzer.datatypes import (
+    CHUNK_ELEMENTS,
     numpy_to_wire,
     shape_count,
     tensor_from_bytes,
@@ -24,7 +25,7 @@ from analyzer.datatypes import (
 )
 from analyzer.worker.errors import InferError
 from analyzer.worker.http_message import HttpRequest, HttpResponse, error_response
-from analyzer.worker.offload import OFFLOAD_ELEMENTS, PENDING, PendingBytes
+from analyzer.worker.offload import OFFLOAD_ELEMENTS, PENDING, PendingInput, pending_bytes
 from analyzer.worker.params import (
     _object,
     _parse_json,
@@ -202,14 +203,14 @@ def _make_plan(header: dict[str, Any], keep: bool) -> _Plan:
 def _decode_inputs(
     plan: _Plan, header: dict[str, Any] | None, binary: memoryview,
     shm: SharedMemoryRegistry | None = None, validator: RequestValidator | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, str], list[PendingBytes] | None]:
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[PendingInput] | None]:
     """The input arrays: views of the binary part, copies of a shared memory region, or
     converted JSON 'data' (header given). A BYTES input is checked against the model
     (`validator`) before its elements are made; a large one is left to the side thread
     (offload.py): it is in the pending list, and `inputs` holds its place."""
     inputs: dict[str, np.ndarray] = {}
     wire_types: dict[str, str] = {}
-    pending: list[PendingBytes] | None = None
+    pending: list[PendingInput] | None = None
     offset = 0
     available = len(binary)
     for p in plan.inputs:
@@ -238,7 +239,7 @@ def _decode_inputs(
                 pass
             elif p.wire == "BYTES" and p.count >= OFFLOAD_ELEMENTS:
                 pending = pending or []
-                pending.append(PendingBytes(name, data, p.shape, p.count))
+                pending.append(pending_bytes(name, data, p.shape, p.count))
                 array = PENDING
             else:
                 array = tensor_from_bytes(data, p.wire, p.shape, p.count)
@@ -271,24 +272,43 @@ def _input_spec(spec: Any) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
 
 
 def _from_json_data(data: Any, wire: str, shape: tuple[int, ...], count: int) -> np.ndarray:
-    """JSON 'data' as an array; only strings for BYTES and only numbers otherwise."""
+    """JSON 'data' as an array; only strings for BYTES and only numbers otherwise.
+
+    A large flat list (what clients send) is converted CHUNK_ELEMENTS at a time: one numpy call
+    over millions of values holds the GIL, and so the event loop, for as long as it runs, even
+    on the offload thread."""
+    if count >= OFFLOAD_ELEMENTS and type(data) is list and len(data) == count:
+        parts = [_from_flat(data[start : start + CHUNK_ELEMENTS], wire)
+                 for start in range(0, count, CHUNK_ELEMENTS)]  # fmt: skip
+        return np.concatenate(parts).reshape(shape)
     try:
         flat = np.asarray(data, dtype=np.object_ if wire == "BYTES" else None).ravel()
     except (ValueError, TypeError, OverflowError) as err:
         raise ValueError(f"'data' is not a (nested) list of values: {err}") from None
     if flat.size != count:
         raise ValueError(f"shape {list(shape)} needs {count} values, 'data' has {flat.size}")
+    return _from_flat(flat, wire).reshape(shape)
+
+
+def _from_flat(values: Any, wire: str) -> np.ndarray:
+    """A flat list or array of JSON values as a 1-D array of the datatype's."""
+    try:
+        flat = np.asarray(values, dtype=np.object_ if wire == "BYTES" else None)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise ValueError(f"'data' is not a (nested) list of values: {err}") from None
+    if flat.ndim != 1:
+        raise ValueError("'data' is not a (nested) list of values of the input's shape")
     if wire == "BYTES":
         # bytes(n) of a number would allocate n bytes: elements must be strings
         if not all(isinstance(v, str) for v in flat):
             raise ValueError("'data' of a BYTES input must hold strings")
-        out = np.empty(count, dtype=np.object_)
+        out = np.empty(flat.size, dtype=np.object_)
         out[:] = [v.encode() for v in flat]
-        return out.reshape(shape)
+        return out
     if flat.dtype.kind not in "biuf":
         raise ValueError(f"'data' of a {wire} input must hold numbers in range")
     try:
-        return flat.astype(wire_to_numpy(wire)).reshape(shape)
+        return flat.astype(wire_to_numpy(wire))
     except (TypeError, ValueError, OverflowError) as err:
         raise ValueError(f"'data' does not convert to {wire}: {err}") from None
 

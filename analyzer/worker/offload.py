@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -29,17 +30,24 @@ from analyzer.worker.request import InferRequest
 log = logging.getLogger(__name__)
 
 OFFLOAD_ELEMENTS = 1 << 16  # ~25 ms of decoding; a text batch of any usual size stays inline
+OFFLOAD_JSON_BYTES = 1 << 20  # a REST request's JSON this long is read on the side thread
 PENDING = np.empty(0, dtype=np.object_)  # an input's place in `inputs` until it is decoded
 
 
 @dataclass(slots=True)
-class PendingBytes:
-    """A BYTES input received but not decoded: its serialized elements and the client's shape."""
+class PendingInput:
+    """An input received but not yet made into an array: `make` makes it (ValueError when it
+    is malformed); meanwhile it holds `size` bytes."""
 
     name: str
-    buffer: bytes | memoryview
-    shape: tuple[int, ...]
-    count: int
+    size: int
+    make: Callable[[], np.ndarray] | None
+
+
+def pending_bytes(name: str, data: bytes | memoryview, shape: tuple[int, ...],
+                  count: int) -> PendingInput:  # fmt: skip
+    """A BYTES input's serialized elements, decoded later."""
+    return PendingInput(name, len(data), partial(tensor_from_bytes, data, "BYTES", shape, count))
 
 
 class Submits(Protocol):
@@ -76,52 +84,68 @@ waiting: dict[int, int] = {}
 _executor: ThreadPoolExecutor | None = None
 
 
-def submit(model: Submits, request: InferRequest, pending: list[PendingBytes] | None,
+def submit(model: Submits, request: InferRequest, pending: list[PendingInput] | None,
            checked: bool = False) -> None:  # fmt: skip
     """Queue `request` on `model` now, or after its `pending` inputs are decoded on the side
     thread. Raises InferError only when queued now; later, errors reach `request.on_done`.
     (The front ends call `model.submit` themselves when `pending` is None and `waiting` is
     empty: the usual case, without this call.)"""
-    if pending is None and not waiting:  # the usual case: no lock, nothing waits anywhere
+    if pending is None and id(model) not in waiting:
         model.submit(request, checked)
         return
-    global _executor
-    key = id(model)
     # a request waiting to be decoded is accepted: its serialized inputs count against
     # --max-queued-size until the decoded ones are counted in their place (model.submit)
-    size = sum(len(item.buffer) for item in pending) if pending else 0
+    size = sum(item.size for item in pending) if pending else 0
+    defer(model, size, lambda: _decode_and_submit(model, request, pending or [], checked))
+
+
+def defer(model: Submits, size: int, job: Callable[[], None]) -> None:
+    """Run `job` on the side thread after what waits there for `model`; until it has run,
+    `size` bytes count against --max-queued-size (InferError, 503 / UNAVAILABLE, beyond it),
+    and the model's later requests follow it. `job` answers its own errors."""
+    global _executor
+    key = id(model)
     held = model.held
     if size and held is not None:
         held.hold(size)  # raises InferError (503 / UNAVAILABLE) beyond the limit
     with _lock:
-        if pending is None and key not in waiting:
-            direct = True
-        else:
-            direct = False
-            waiting[key] = waiting.get(key, 0) + 1
-            if _executor is None:
-                _executor = ThreadPoolExecutor(1, thread_name_prefix="bytes-decode")
-            executor = _executor
-    if direct:
-        model.submit(request, checked)
-        return
+        waiting[key] = waiting.get(key, 0) + 1
+        if _executor is None:
+            _executor = ThreadPoolExecutor(1, thread_name_prefix="offload")
+        executor = _executor
     try:
-        executor.submit(_decode_and_submit, model, request, pending or [], checked, size)
+        executor.submit(_run, key, held, size, job)
     except RuntimeError:  # the interpreter is shutting down: answer here
         _done(key, held, size)
         raise InferError("the worker is shutting down", Status.UNAVAILABLE) from None
 
 
-def _decode_and_submit(model: Submits, request: InferRequest, pending: list[PendingBytes],
-                       checked: bool, size: int) -> None:  # fmt: skip
+def _run(key: int, held: HeldBytes | None, size: int, job: Callable[[], None]) -> None:
     try:
-        for item in pending:
-            try:
-                request.inputs[item.name] = tensor_from_bytes(
-                    item.buffer, "BYTES", item.shape, item.count)  # fmt: skip
-            except ValueError as err:
-                raise InferError(f"input '{item.name}': {err}") from None
-            item.buffer = b""  # the body's view is not kept past its decoding
+        job()
+    except Exception:  # noqa: BLE001 - a job answers its errors; this is a bug in one
+        log.exception("a job on the offload thread failed")
+    finally:
+        _done(key, held, size)
+
+
+def decode(request: InferRequest, pending: list[PendingInput]) -> None:
+    """Put the decoded `pending` inputs in their places; InferError naming a malformed one."""
+    for item in pending:
+        if item.make is None:
+            continue
+        try:
+            request.inputs[item.name] = item.make()
+        except ValueError as err:
+            raise InferError(f"input '{item.name}': {err}") from None
+        finally:
+            item.make = None  # the received bytes are not kept past their decoding
+
+
+def _decode_and_submit(model: Submits, request: InferRequest, pending: list[PendingInput],
+                       checked: bool) -> None:  # fmt: skip
+    try:
+        decode(request, pending)
         model.submit(request, checked and not pending)
     except InferError as err:
         _answer(request, err)
@@ -129,8 +153,6 @@ def _decode_and_submit(model: Submits, request: InferRequest, pending: list[Pend
         log.exception("a deferred request for model '%s' failed", model.name)
         _answer(request, InferError(f"internal error: {type(err).__name__}: {err}",
                                     Status.INTERNAL))  # fmt: skip
-    finally:
-        _done(id(model), model.held, size)
 
 
 def _answer(request: InferRequest, error: InferError) -> None:
