@@ -133,6 +133,31 @@ def test_a_models_later_requests_follow_its_deferred_one_and_other_models_go_on(
     assert first.got[-1][:2] == ("after", threading.get_ident())
 
 
+def test_a_request_cancelled_while_it_waits_is_answered_and_not_decoded(monkeypatch):
+    gate = threading.Event()
+    decode = offload.tensor_from_bytes
+    decoded: list[int] = []
+
+    def held_back(*args, **kwargs):
+        assert gate.wait(30)
+        decoded.append(args[3])
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(offload, "tensor_from_bytes", held_back)
+    answers: queue.Queue = queue.Queue()
+    model = _Model("m")
+    offload.submit(model, *_request("first", answers, N))
+    gone, pending = _request("gone", answers, N + 1)
+    offload.submit(model, gone, pending)
+    gone.cancel()  # its client disconnects while the first is decoded
+    gate.set()
+    got = dict(answers.get(timeout=30) for _ in range(2))
+    assert got["first"] is None
+    assert isinstance(got["gone"], InferError) and str(got["gone"]) == "request was cancelled"
+    assert got["gone"].status == Status.UNAVAILABLE
+    assert [g[0] for g in model.got] == ["first"] and decoded == [N]
+
+
 def test_deferred_requests_are_answered_when_they_fail_and_their_bytes_are_counted():
     answers: queue.Queue = queue.Queue()
     held = HeldBytes(limit=10 << 20)

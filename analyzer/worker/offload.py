@@ -145,6 +145,8 @@ def decode(request: InferRequest, pending: list[PendingInput]) -> None:
 def _decode_and_submit(model: Submits, request: InferRequest, pending: list[PendingInput],
                        checked: bool) -> None:  # fmt: skip
     try:
+        if request.cancelled:  # the client went (or the worker is stopping): not decoded
+            raise InferError("request was cancelled", Status.UNAVAILABLE)
         decode(request, pending)
         model.submit(request, checked and not pending)
     except InferError as err:
