@@ -1,13 +1,19 @@
-"""A client's large BYTES tensors are decoded and encoded away from the event loop.
+"""Work of one Python value per element, kept away from the event loop.
 
 Decoding a BYTES tensor makes one Python object per element (~0.4 µs each): a 64 MiB body holds
-16 million, and on the loop that was 8.6 s in which the worker answered nobody, health checks
-included. So an input of at least OFFLOAD_ELEMENTS elements is decoded, and its request checked
-and queued, on one side thread; an answer holding an output that large is encoded on the thread
-that finished it (`heavy`). The side thread takes each model's requests in arrival order: while
-one of a model's requests waits there, that model's later requests follow it instead of passing
-it (a sequence's steps stay in order). Nothing else changes path: below the threshold a request
-costs one truth test more.
+16 million, and on the loop that was 7-8 s in which the worker answered nobody, health checks
+included. So a BYTES input of at least OFFLOAD_ELEMENTS elements is decoded, gRPC typed contents
+that large converted, and a REST request whose JSON is OFFLOAD_JSON_BYTES or longer parsed, each
+with its request checked and queued, on one side thread (`defer`); an answer holding an output
+that large is encoded on the thread that finished it (`heavy`). The side thread takes each
+model's requests in arrival order: while one of a model's requests waits there, that model's
+later requests follow it instead of passing it (a sequence's steps stay in order).
+
+A thread helps only with work made of short C calls: the loop gets the GIL back every 5 ms.
+One C call over millions of values (`tolist()`, `np.asarray` of a list, `json.loads`) holds the
+GIL, and so the loop, whatever thread makes it: conversions here work a slice at a time, and a
+large JSON body's parse still delays other clients (~80 ms per MiB of numbers).
+Below the thresholds a request costs a truth test or two more, nothing else.
 """
 
 from __future__ import annotations
@@ -58,11 +64,6 @@ class Submits(Protocol):
     def held(self) -> HeldBytes | None: ...
 
     def submit(self, request: InferRequest, checked: bool = False) -> None: ...
-
-
-def later(wire: str, count: int) -> bool:
-    """Whether an input of this datatype and element count is decoded on the side thread."""
-    return wire == "BYTES" and count >= OFFLOAD_ELEMENTS
 
 
 def heavy(outputs: Mapping[str, Any]) -> bool:
