@@ -269,37 +269,21 @@ class RestApi:
         raise InferError(f"no route for {request.method} {request.path}", Status.NOT_FOUND)
 
     # -- infer --------------------------------------------------------------------------------
-    def _infer(self, http: HttpRequest, name: str, version: str, respond: Respond) -> None:
-        model = self.manager.get(name, version)
-        arrival = time.perf_counter_ns()
-        if len(http.body) >= offload.OFFLOAD_JSON_BYTES and _json_length(http) >= (
-            offload.OFFLOAD_JSON_BYTES
-        ):
-            self._infer_later(http, name, model, arrival, respond)
-            return
-        self._infer_now(http, name, model, arrival, respond)
-
-    def _infer_later(self, http: HttpRequest, name: str, model: Served, arrival: int,
-                     respond: Respond) -> None:  # fmt: skip
-        """A request whose JSON is large (~40 ms a MiB to parse and convert) is read, checked
-        and queued on the offload thread, in its model's order; its errors hop back here."""
-        loop = self.loop
-
-        def job() -> None:
-            try:
-                self._infer_now(http, name, model, arrival, respond, offloaded=True)
-            except InferError as err:
-                loop.call_soon_threadsafe(respond, _error(err))
-            except Exception as err:  # a bug must still answer the request
-                log.exception("a large JSON request for model '%s' failed", name)
-                loop.call_soon_threadsafe(respond, error_response(500, f"internal error: {err}"))
-
-        offload.defer(model, len(http.body), job)
-
-    def _infer_now(self, http: HttpRequest, name: str, model: Served, arrival: int,
-                   respond: Respond, offloaded: bool = False) -> None:  # fmt: skip
-        """Parse, check and queue; `offloaded`: on the offload thread, where pending BYTES are
-        decoded in place and the model's order is already kept."""
+    def _infer(self, http: HttpRequest, name: str, version: str, respond: Respond,
+               offloaded: Served | None = None, arrival: int = 0) -> None:  # fmt: skip
+        """Parse, check and queue. A request whose JSON is large (~80 ms a MiB to parse) is
+        handed to the offload thread, which calls this again with its model (`offloaded`):
+        there pending BYTES are decoded in place and the model's order is already kept."""
+        if offloaded is None:
+            model = self.manager.get(name, version)
+            arrival = time.perf_counter_ns()
+            if len(http.body) >= offload.OFFLOAD_JSON_BYTES and _json_length(http) >= (
+                offload.OFFLOAD_JSON_BYTES
+            ):
+                self._infer_later(http, name, model, arrival, respond)
+                return
+        else:
+            model = offloaded
         plan, header, binary = self._plans.plan(http)
         inputs, wire_types, pending = _decode_inputs(plan, header, binary, self.shm,
                                                      model.validator)  # fmt: skip
@@ -349,7 +333,7 @@ class RestApi:
             signature=plan.signature,
         )
         http.on_disconnect(request.cancel)
-        if offloaded:
+        if offloaded is not None:
             offload.decode(request, pending or [])
             model.submit(request)
             return
@@ -361,6 +345,22 @@ class RestApi:
             model.submit(request)
             return
         offload.submit(model, request, pending)
+
+    def _infer_later(self, http: HttpRequest, name: str, model: Served, arrival: int,
+                     respond: Respond) -> None:  # fmt: skip
+        """`_infer` on the offload thread, in the model's order; its errors hop back here."""
+        loop = self.loop
+
+        def job() -> None:
+            try:
+                self._infer(http, name, "", respond, model, arrival)
+            except InferError as err:
+                loop.call_soon_threadsafe(respond, _error(err))
+            except Exception as err:  # a bug must still answer the request
+                log.exception("a large JSON request for model '%s' failed", name)
+                loop.call_soon_threadsafe(respond, error_response(500, f"internal error: {err}"))
+
+        offload.defer(model, len(http.body), job)
 
 
 def _json_length(http: HttpRequest) -> int:
