@@ -86,9 +86,12 @@ def _http(address: str, count: int) -> None:
                     "parameters": {"binary_data_size": len(blob)}}],
         "outputs": [{"name": "N"}, {"name": "ECHO", "parameters": {"binary_data": True}}],
     }).encode()  # fmt: skip
+    _post(address, "bytes", header + blob, {"Inference-Header-Content-Length": str(len(header))})
+
+
+def _post(address: str, model: str, body: bytes, headers: dict[str, str]) -> None:
     conn = http.client.HTTPConnection(address, timeout=600)
-    conn.request("POST", "/v2/models/bytes/infer", header + blob,
-                 {"Inference-Header-Content-Length": str(len(header))})  # fmt: skip
+    conn.request("POST", f"/v2/models/{model}/infer", body, headers)
     response = conn.getresponse()
     response.read()
     conn.close()
@@ -96,35 +99,30 @@ def _http(address: str, count: int) -> None:
         raise RuntimeError(f"HTTP {response.status}")
 
 
-def _grpc(address: str, count: int) -> None:
-    request = pb.ModelInferRequest(model_name="bytes", raw_input_contents=[b"\0\0\0\0" * count])
-    request.inputs.add(name="TEXT", datatype="BYTES", shape=[count])
+def _infer(address: str, request: pb.ModelInferRequest) -> None:
     size = 1 << 28
     options = [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
     with grpc.insecure_channel(address, options=options) as channel:
         service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=600)
 
 
+def _grpc(address: str, count: int) -> None:
+    request = pb.ModelInferRequest(model_name="bytes", raw_input_contents=[b"\0\0\0\0" * count])
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[count])
+    _infer(address, request)
+
+
 def _json(address: str, count: int) -> None:
     body = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[%d],"data":[' % count
     body += b"0.5," * (count - 1) + b"0.5]}]}"
-    conn = http.client.HTTPConnection(address, timeout=600)
-    conn.request("POST", "/v2/models/floats/infer", body)
-    response = conn.getresponse()
-    response.read()
-    conn.close()
-    if response.status != 200:
-        raise RuntimeError(f"HTTP {response.status}")
+    _post(address, "floats", body, {})
 
 
 def _contents(address: str, count: int) -> None:
     request = pb.ModelInferRequest(model_name="floats")
     tensor = request.inputs.add(name="X", datatype="FP32", shape=[count])
     tensor.contents.fp32_contents.extend([0.5] * count)
-    size = 1 << 28
-    options = [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
-    with grpc.insecure_channel(address, options=options) as channel:
-        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=600)
+    _infer(address, request)
 
 
 SENDERS = {"http": (_http, "http", 1), "grpc": (_grpc, "grpc", 1),
