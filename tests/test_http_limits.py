@@ -630,6 +630,79 @@ def test_replies_nobody_reads_pause_the_connection():
     assert firsts == [f"/{i}".encode().ljust(4, b".")[:4] for i in range(300)]
 
 
+def test_replies_unread_on_many_connections_are_bounded_in_total(monkeypatch):
+    """Each connection paused at 16 MiB of unread replies, but nothing bounded their sum: a
+    client pipelining requests on thousands of connections and reading none of the answers made
+    the worker hold all of them. Past --http-max-unsent-size the connections holding most are
+    now closed; the others' replies arrive whole."""
+    from analyzer.worker import http_server
+
+    states: list[http_server._Server] = []
+    most = [0]
+
+    class Recording(http_server._Server):
+        __slots__ = ()
+
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            states.append(self)
+
+        def count_unsent(self, conn, size: int) -> None:
+            super().count_unsent(conn, size)
+            most[0] = max(most[0], self.unsent)
+
+    monkeypatch.setattr(http_server, "_Server", Recording)
+    cap = 16 * MIB
+    limits = Limits(max_pending_per_connection=4, max_unsent_bytes=cap, max_connections=64)
+    reply = 8 * MIB  # over what the kernel's socket buffers take on loopback (~4 MiB)
+    calls: list[str] = []
+
+    def big(request: HttpRequest, respond) -> None:
+        calls.append(request.path)
+        respond(HttpResponse(200, [request.path.encode().ljust(reply, b".")]))
+
+    async def run() -> tuple[list[int], int]:
+        server, port = await _serve(big, limits)
+        try:
+            streams = []
+            for i in range(8):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # keeps little
+                sock.connect(("127.0.0.1", port))
+                reader, writer = await asyncio.open_connection(sock=sock, limit=2 * reply)
+                writer.write(b"".join(request_bytes("GET", f"/{i}-{j}") for j in range(4)))
+                streams.append((reader, writer))
+            for _ in range(600):  # nothing is read until every connection was answered once
+                if len({path.split("-")[0] for path in calls}) == 8:
+                    break
+                await asyncio.sleep(0.05)
+            held = states[0].unsent
+            whole = []
+            for i, (reader, writer) in enumerate(streams):
+                got = 0
+                try:
+                    for j in range(4):
+                        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                        assert head.startswith(b"HTTP/1.1 200")
+                        body = await asyncio.wait_for(reader.readexactly(reply), 30)
+                        assert body.startswith(f"/{i}-{j}".encode())
+                        got += 1
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    pass
+                whole.append(got)
+                writer.close()
+            return whole, held
+        finally:
+            server.close()
+
+    whole, held = asyncio.run(run())
+    assert len({path.split("-")[0] for path in calls}) == 8
+    assert most[0] <= cap and held <= cap
+    assert whole.count(4) >= 1, whole  # the connections kept got every reply
+    assert min(whole) < 4, whole  # and some were closed: 8 replies of 8 MiB went unread
+    assert states[0].unsent == 0 and not states[0].backlog
+
+
 # -- disconnects against the real worker: queued inference is not run -------------------------
 SLOW_MODEL = """
 import time

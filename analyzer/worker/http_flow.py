@@ -90,6 +90,8 @@ class Flow(ConnectionState):
             encoded = cell[0]
             if encoded is not None:
                 transport.writelines([encoded, *response.body])
+                if self.paused & _WRITES:  # over its high water: the server counts it
+                    self.server.count_unsent(self, transport.get_write_buffer_size())
                 return
         length = sum(len(b) for b in response.body)
         key = (response.status, response.content_type)
@@ -111,6 +113,8 @@ class Flow(ConnectionState):
         if cell is not None and not close:
             cell[0] = encoded
         transport.writelines([encoded, *response.body])
+        if self.paused & _WRITES:  # over its high water: the server counts it
+            self.server.count_unsent(self, transport.get_write_buffer_size())
 
     # -- flow control and clocks ------------------------------------------------------------
     def _pause(self, why: int) -> None:

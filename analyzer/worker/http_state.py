@@ -47,6 +47,7 @@ class ConnectionState:
     inflated: int
     bad: HttpResponse | None  # the answer to this request, decided early
     held: int  # bytes of the body being received, counted in the server's budget
+    unsent: int  # bytes of replies the client has not read, counted in the server's `unsent`
     # the caps, read on every request
     head_cap: int
     body_cap: int
@@ -88,3 +89,5 @@ class ConnectionState:
         def _let_go(self) -> None: ...  # http_limits
 
         def _release(self) -> None: ...  # http_server
+
+        def drop(self) -> None: ...  # http_flow

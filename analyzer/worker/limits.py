@@ -52,7 +52,13 @@ class Limits:
         64, "--http-max-pending", "count",
         "Replies one connection may have outstanding before reading pauses.")
     # bytes of replies queued in the socket's buffer before reading from that client pauses
+    # (HTTP: at most max_unsent_bytes / max_connections, at least 64 KiB; see reply_high_water)
     write_high_water_bytes: int = 16 * MIB
+    # replies written that their HTTP clients have not read, all connections together: a
+    # client may pipeline requests on thousands of connections and read none of the answers
+    max_unsent_bytes: int = cap(1 << 30, "--http-max-unsent-size", "bytes",
+                                "Replies not yet read by their clients, all HTTP connections "
+                                "together (the connection holding most is closed beyond).")
     grpc_max_message_bytes: int = cap(64 * MIB, "--grpc-max-message-size", "bytes",
                                       "Largest gRPC message either way, after decompression.")
     grpc_max_concurrent_rpcs: int = cap(
@@ -76,6 +82,13 @@ class Limits:
     max_queued_bytes: int = cap(4 << 30, "--max-queued-size", "bytes",
                                 "Input bytes of the requests accepted and not yet answered, all "
                                 "models together (503 / UNAVAILABLE beyond).")
+
+
+def reply_high_water(limits: Limits) -> int:
+    """An HTTP connection's unsent replies before reading from it pauses: small enough that
+    the connections' uncounted replies (below it) cannot pass --http-max-unsent-size together."""
+    share = limits.max_unsent_bytes // max(limits.max_connections, 1)
+    return min(limits.write_high_water_bytes, max(share, 64 * 1024))
 
 
 class HeldBytes:
