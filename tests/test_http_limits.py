@@ -635,23 +635,19 @@ def test_replies_unread_on_many_connections_are_bounded_in_total(monkeypatch):
     client pipelining requests on thousands of connections and reading none of the answers made
     the worker hold all of them. Past --http-max-unsent-size the connections holding most are
     now closed; the others' replies arrive whole."""
-    from analyzer.worker import http_server
+    from analyzer.worker import limits as limits_module
 
-    states: list[http_server._Server] = []
+    trackers: list[limits_module.UnsentReplies] = []
     most = [0]
+    count = limits_module.UnsentReplies.count
 
-    class Recording(http_server._Server):
-        __slots__ = ()
+    def recording(self, conn, size: int) -> None:
+        count(self, conn, size)
+        if self not in trackers:
+            trackers.append(self)
+        most[0] = max(most[0], self.total)
 
-        def __init__(self, *args) -> None:
-            super().__init__(*args)
-            states.append(self)
-
-        def count_unsent(self, conn, size: int) -> None:
-            super().count_unsent(conn, size)
-            most[0] = max(most[0], self.unsent)
-
-    monkeypatch.setattr(http_server, "_Server", Recording)
+    monkeypatch.setattr(limits_module.UnsentReplies, "count", recording)
     cap = 16 * MIB
     limits = Limits(max_pending_per_connection=4, max_unsent_bytes=cap, max_connections=64)
     reply = 8 * MIB  # over what the kernel's socket buffers take on loopback (~4 MiB)
@@ -676,7 +672,7 @@ def test_replies_unread_on_many_connections_are_bounded_in_total(monkeypatch):
                 if len({path.split("-")[0] for path in calls}) == 8:
                     break
                 await asyncio.sleep(0.05)
-            held = states[0].unsent
+            held = trackers[0].total
             whole = []
             for i, (reader, writer) in enumerate(streams):
                 got = 0
@@ -700,7 +696,7 @@ def test_replies_unread_on_many_connections_are_bounded_in_total(monkeypatch):
     assert most[0] <= cap and held <= cap
     assert whole.count(4) >= 1, whole  # the connections kept got every reply
     assert min(whole) < 4, whole  # and some were closed: 8 replies of 8 MiB went unread
-    assert states[0].unsent == 0 and not states[0].backlog
+    assert len(trackers) == 1 and trackers[0].total == 0 and not trackers[0].backlog
 
 
 # -- disconnects against the real worker: queued inference is not run -------------------------

@@ -62,7 +62,7 @@ from analyzer.worker.grpc_state import (
     ConnectionFault,
 )
 from analyzer.worker.http import RestApi
-from analyzer.worker.limits import Limits
+from analyzer.worker.limits import Limits, UnsentReplies, reply_high_water
 from analyzer.worker.manager import ModelManager
 from analyzer.worker.restrict import Restrictions
 
@@ -89,9 +89,11 @@ class GrpcServer:
         self.active = 0  # RPCs between arrival and answer, all connections
         self.buffered = 0  # bytes of half-received messages, all connections
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.unsent: UnsentReplies | None = None  # replies the clients have not read
 
     async def start(self) -> int:
         self.loop = asyncio.get_running_loop()
+        self.unsent = UnsentReplies(self.limits.max_unsent_bytes, self.loop)
         self.server = await self.loop.create_server(
             lambda: _Connection(self), self.host, self.port, reuse_address=True, ssl=self.tls
         )
@@ -141,7 +143,7 @@ class _Connection(FrameHandling, asyncio.Protocol):
             transport.close()
             return
         server.connections.add(self)
-        transport.set_write_buffer_limits(high=self.limits.write_high_water_bytes)
+        transport.set_write_buffer_limits(high=reply_high_water(self.limits))
         settings = settings_payload((
             (S_MAX_CONCURRENT_STREAMS, self.limits.grpc_max_concurrent_rpcs),
             (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW),
@@ -156,6 +158,8 @@ class _Connection(FrameHandling, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        if self.unsent > 0:
+            self._count_unsent(0)
         self.closing = True
         if self.timer is not None:
             self.timer.cancel()
@@ -165,10 +169,30 @@ class _Connection(FrameHandling, asyncio.Protocol):
 
     def pause_writing(self) -> None:  # the client does not read: stop reading its requests
         self.transport.pause_reading()
+        self.write_paused = True
+        self._count_unsent(self.transport.get_write_buffer_size())
 
     def resume_writing(self) -> None:
+        self.write_paused = False
+        self._count_unsent(0)
         if not self.closing:
             self.transport.resume_reading()
+
+    def _flush(self) -> None:
+        super()._flush()
+        if self.write_paused and self.transport is not None:  # over its high water: counted
+            self._count_unsent(self.transport.get_write_buffer_size())
+
+    def _count_unsent(self, size: int) -> None:
+        unsent = self.server.unsent
+        if unsent is not None:
+            unsent.count(self, size)
+
+    def drop(self) -> None:
+        """Closed for holding the most replies unread (UnsentReplies): nothing more is sent."""
+        self.server.connections.discard(self)
+        self.closing = True
+        self.transport.abort()
 
     def _arm(self, delay: float) -> None:
         if self.timer is not None:

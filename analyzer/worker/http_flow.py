@@ -91,7 +91,7 @@ class Flow(ConnectionState):
             if encoded is not None:
                 transport.writelines([encoded, *response.body])
                 if self.paused & _WRITES:  # over its high water: the server counts it
-                    self.server.count_unsent(self, transport.get_write_buffer_size())
+                    self.server.unsent.count(self, transport.get_write_buffer_size())
                 return
         length = sum(len(b) for b in response.body)
         key = (response.status, response.content_type)
@@ -114,7 +114,7 @@ class Flow(ConnectionState):
             cell[0] = encoded
         transport.writelines([encoded, *response.body])
         if self.paused & _WRITES:  # over its high water: the server counts it
-            self.server.count_unsent(self, transport.get_write_buffer_size())
+            self.server.unsent.count(self, transport.get_write_buffer_size())
 
     # -- flow control and clocks ------------------------------------------------------------
     def _pause(self, why: int) -> None:

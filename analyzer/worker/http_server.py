@@ -39,8 +39,8 @@ import httptools
 from analyzer.worker.http_flow import _PENDING, _WRITES, Flow, _now
 from analyzer.worker.http_limits import RequestChecks, _Stop
 from analyzer.worker.http_message import Handler, HttpRequest, error_response
-from analyzer.worker.http_state import ConnectionState, Slot
-from analyzer.worker.limits import Limits, reply_high_water
+from analyzer.worker.http_state import Slot
+from analyzer.worker.limits import Limits, UnsentReplies, reply_high_water
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ _MAX_HEADER_NAMES = 256
 class _Server:
     """What the connections of one listening socket share: the limits and who is open."""
 
-    __slots__ = ("limits", "loop", "open", "tick", "held", "budget", "unsent", "backlog")
+    __slots__ = ("limits", "loop", "open", "tick", "held", "budget", "unsent")
 
     def __init__(self, limits: Limits, loop: asyncio.AbstractEventLoop):
         self.limits = limits
@@ -68,10 +68,8 @@ class _Server:
         # each under the body cap must not add up to more memory than the machine has
         self.held = 0
         self.budget = limits.max_buffered_bytes
-        # bytes of replies the clients have not read, counted for the connections over their
-        # high water (`backlog`); the others hold less than reply_high_water() each
-        self.unsent = 0
-        self.backlog: set[ConnectionState] = set()
+        # replies the clients have not read, all connections together
+        self.unsent = UnsentReplies(limits.max_unsent_bytes, loop)
 
     def admit(self, conn: _Protocol) -> bool:
         """At the cap, the longest-stalled half-sent connection makes room, else the one idle
@@ -85,29 +83,6 @@ class _Server:
             victim.drop()
         self.open.add(conn)
         return True
-
-    def count_unsent(self, conn: ConnectionState, size: int) -> None:
-        """`conn` holds `size` bytes of unread replies now (0: under its low water, or gone).
-        Past --http-max-unsent-size the connections holding most are closed: their clients
-        were not reading, and nothing else bounds what many such clients make the worker hold."""
-        if size and conn not in self.open:  # closed, or being closed: no longer counted
-            size = 0
-        self.unsent += size - conn.unsent
-        conn.unsent = size
-        if size:
-            self.backlog.add(conn)
-        else:
-            self.backlog.discard(conn)
-        while self.unsent > self.limits.max_unsent_bytes and self.backlog:
-            victim = max(self.backlog, key=lambda c: c.unsent)
-            log.warning("closing an HTTP connection holding %d MiB of replies its client does "
-                        "not read: all connections hold %d MiB, over --http-max-unsent-size",
-                        victim.unsent >> 20, self.unsent >> 20)  # fmt: skip
-            self.open.discard(victim)
-            self.count_unsent(victim, 0)
-            # aborted on the next pass, not here: this may run inside the victim's own
-            # transport (a write from its resume_writing), which must not be torn down under it
-            self.loop.call_soon(victim.drop)
 
     def _victim(self) -> _Protocol | None:
         stalled = idle = None
@@ -190,8 +165,8 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.open.discard(self)
-        if self.unsent:
-            self.server.count_unsent(self, 0)
+        if self.unsent > 0:
+            self.server.unsent.count(self, 0)
         self._let_go()
         if self.timer is not None:
             self.timer.cancel()
@@ -209,10 +184,10 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
     def pause_writing(self) -> None:
         self._pause(_WRITES)
         if self.transport is not None:
-            self.server.count_unsent(self, self.transport.get_write_buffer_size())
+            self.server.unsent.count(self, self.transport.get_write_buffer_size())
 
     def resume_writing(self) -> None:
-        self.server.count_unsent(self, 0)
+        self.server.unsent.count(self, 0)
         self._resume(_WRITES)
         if self.waiting:
             self._release()

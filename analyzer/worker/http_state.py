@@ -48,6 +48,7 @@ class ConnectionState:
     bad: HttpResponse | None  # the answer to this request, decided early
     held: int  # bytes of the body being received, counted in the server's budget
     unsent: int  # bytes of replies the client has not read, counted in the server's `unsent`
+    # (-1: closed for holding the most)
     # the caps, read on every request
     head_cap: int
     body_cap: int

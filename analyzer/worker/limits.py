@@ -9,12 +9,16 @@ the machine down.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from analyzer.worker.errors import InferError, Status
 from analyzer.worker.request import InferRequest, input_bytes
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 
@@ -52,13 +56,15 @@ class Limits:
         64, "--http-max-pending", "count",
         "Replies one connection may have outstanding before reading pauses.")
     # bytes of replies queued in the socket's buffer before reading from that client pauses
-    # (HTTP: at most max_unsent_bytes / max_connections, at least 64 KiB; see reply_high_water)
+    # (at most max_unsent_bytes / max_connections, at least 64 KiB: reply_high_water; a gRPC
+    # stream's own answers also wait past it)
     write_high_water_bytes: int = 16 * MIB
-    # replies written that their HTTP clients have not read, all connections together: a
-    # client may pipeline requests on thousands of connections and read none of the answers
+    # replies written that their clients have not read, all connections of one protocol
+    # together: a client may send requests on thousands of connections and read no answer
     max_unsent_bytes: int = cap(1 << 30, "--http-max-unsent-size", "bytes",
-                                "Replies not yet read by their clients, all HTTP connections "
-                                "together (the connection holding most is closed beyond).")
+                                "Replies not yet read by their clients, all connections of a "
+                                "protocol together (the connection holding most is closed "
+                                "beyond).")
     grpc_max_message_bytes: int = cap(64 * MIB, "--grpc-max-message-size", "bytes",
                                       "Largest gRPC message either way, after decompression.")
     grpc_max_concurrent_rpcs: int = cap(
@@ -85,10 +91,58 @@ class Limits:
 
 
 def reply_high_water(limits: Limits) -> int:
-    """An HTTP connection's unsent replies before reading from it pauses: small enough that
-    the connections' uncounted replies (below it) cannot pass --http-max-unsent-size together."""
+    """A connection's unsent replies before reading from it pauses: small enough that the
+    connections' uncounted replies (below it) cannot pass --http-max-unsent-size together."""
     share = limits.max_unsent_bytes // max(limits.max_connections, 1)
     return min(limits.write_high_water_bytes, max(share, 64 * 1024))
+
+
+class Unread(Protocol):
+    """A connection as UnsentReplies sees it."""
+
+    unsent: int  # bytes of its replies counted in the total; -1 once closed for holding most
+
+    def drop(self) -> None: ...
+
+
+class UnsentReplies:
+    """Replies written that their clients have not read, over one protocol's connections.
+
+    Each connection stops reading requests once its replies pass its high water; nothing bounded
+    their sum, and a client pipelining requests on thousands of connections, reading none of the
+    answers, made the worker hold all of them. The connections past their high water are counted
+    (`count`, from their transport's pause_writing, their writes while paused, resume_writing);
+    the others hold less than their high water each. Past the limit (--http-max-unsent-size) the
+    connection holding most is closed, on the next loop pass: this may run inside that
+    connection's own transport, which must not be torn down under it."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.limit = limit
+        self.loop = loop
+        self.total = 0
+        self.backlog: set[Unread] = set()
+
+    def count(self, conn: Unread, size: int) -> None:
+        """`conn` holds `size` bytes of unread replies now (0: under its low water, or gone)."""
+        held = conn.unsent
+        if held < 0:  # closed for holding most: no longer counted
+            return
+        self.total += size - held
+        conn.unsent = size
+        if size:
+            self.backlog.add(conn)
+        else:
+            self.backlog.discard(conn)
+        while self.total > self.limit and self.backlog:
+            victim = max(self.backlog, key=lambda c: c.unsent)
+            log.warning("closing a connection holding %d MiB of replies its client does not "
+                        "read: its protocol's connections hold %d MiB, over "
+                        "--http-max-unsent-size",
+                        victim.unsent >> 20, self.total >> 20)  # fmt: skip
+            self.total -= victim.unsent
+            victim.unsent = -1
+            self.backlog.discard(victim)
+            self.loop.call_soon(victim.drop)
 
 
 class HeldBytes:
