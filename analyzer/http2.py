@@ -112,6 +112,7 @@ class CoalescedWrites:
     transport: Any
     out: list[bytes]
     flush_pending: bool
+    write_paused = False  # the transport is over its write high water (the peer is not reading)
 
     def _emit(self, data: bytes) -> None:
         self.out.append(data)
@@ -124,3 +125,8 @@ class CoalescedWrites:
         out, self.out = self.out, []
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(out))
+            if self.write_paused:
+                self._wrote_paused()
+
+    def _wrote_paused(self) -> None:
+        """A write while over the high water: a server counts what its peer leaves unread."""

@@ -178,10 +178,8 @@ class _Connection(FrameHandling, asyncio.Protocol):
         if not self.closing:
             self.transport.resume_reading()
 
-    def _flush(self) -> None:
-        super()._flush()
-        if self.write_paused and self.transport is not None:  # over its high water: counted
-            self._count_unsent(self.transport.get_write_buffer_size())
+    def _wrote_paused(self) -> None:
+        self._count_unsent(self.transport.get_write_buffer_size())
 
     def _count_unsent(self, size: int) -> None:
         unsent = self.server.unsent

@@ -186,7 +186,6 @@ class ConnectionState(CoalescedWrites):
         self.recv_unreturned = 0  # connection-window bytes not yet given back
         self.out: list[bytes] = []
         self.flush_pending = False
-        self.write_paused = False  # its replies passed its high water: it is not reading them
         self.unsent = 0  # bytes of them counted in the server's `unsent` (-1: closed for them)
         self.blocked: set[Stream] = set()
         self.closing = False
