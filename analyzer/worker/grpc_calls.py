@@ -184,14 +184,15 @@ class CallHandling(ConnectionState):
         stream.cancel = None
         if parts is None:
             if error is None:
-                if outputs is None:  # a backend's bug: still answered
-                    error = InferError("the model returned no outputs", Status.INTERNAL)
-                else:
-                    encoded = self._encode(answer, outputs)
-                    if isinstance(encoded, InferError):
-                        error = encoded
-                    else:
-                        parts = encoded
+                try:
+                    assert outputs is not None  # no error: the model answered
+                    parts = self.service.encode_parts(answer[0], answer[1], outputs, answer[2],
+                                                      answer[3])  # fmt: skip
+                except InferError as err:
+                    error = err
+                except Exception as err:  # outputs no encoder understands: still answered
+                    error = InferError(f"model '{answer[0].name}' returned outputs that cannot "
+                                       f"be sent: {err}", Status.INTERNAL)  # fmt: skip
             if error is not None or parts is None:
                 status = error.status.grpc if isinstance(error, InferError) else None
                 self._refuse(stream, status or grpc.StatusCode.INTERNAL, str(error))
