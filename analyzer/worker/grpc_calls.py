@@ -184,15 +184,11 @@ class CallHandling(ConnectionState):
         stream.cancel = None
         if parts is None:
             if error is None:
-                try:
-                    assert outputs is not None  # no error: the model answered
-                    parts = self.service.encode_parts(answer[0], answer[1], outputs, answer[2],
-                                                      answer[3])  # fmt: skip
-                except InferError as err:
-                    error = err
-                except Exception as err:  # outputs no encoder understands: still answered
-                    error = InferError(f"model '{answer[0].name}' returned outputs that cannot "
-                                       f"be sent: {err}", Status.INTERNAL)  # fmt: skip
+                encoded = self._encode(answer, outputs)
+                if isinstance(encoded, InferError):
+                    error = encoded
+                else:
+                    parts = encoded
             if error is not None or parts is None:
                 status = error.status.grpc if isinstance(error, InferError) else None
                 self._refuse(stream, status or grpc.StatusCode.INTERNAL, str(error))
@@ -215,9 +211,10 @@ class CallHandling(ConnectionState):
         self.out.append(_OK_TRAILERS_FRAME + _U32.pack(sid) + _OK_TRAILERS)
         self._close(stream)
 
-    def _encode(self, answer: list[Any], outputs: Outputs) -> list[bytes] | InferError:
+    def _encode(self, answer: list[Any], outputs: Outputs | None) -> list[bytes] | InferError:
         """A unary call's answer as parts to send, or the error that answers it instead."""
         try:
+            assert outputs is not None  # no error: the model answered
             return self.service.encode_parts(answer[0], answer[1], outputs, answer[2], answer[3])
         except InferError as err:
             return err

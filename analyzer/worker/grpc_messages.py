@@ -168,12 +168,11 @@ def _from_contents(values: Any, wire: str, dtype: Any, shape: tuple[int, ...],
                    count: int) -> np.ndarray:  # fmt: skip
     """Checked contents (`_contents`) as an array."""
     out = np.empty(count, dtype=np.object_ if wire == "BYTES" else dtype)
-    # a slice at a time when large: one numpy call over millions of values holds the GIL, and
-    # so the event loop, for as long as it runs, even on the offload thread
-    step = CHUNK_ELEMENTS if count > CHUNK_ELEMENTS else max(count, 1)
+    # a slice at a time: one numpy call over millions of values holds the GIL, and so the
+    # event loop, for as long as it runs, even on the offload thread
     try:
-        for start in range(0, count, step):
-            out[start : start + step] = values[start : start + step]
+        for start in range(0, count, CHUNK_ELEMENTS):
+            out[start : start + CHUNK_ELEMENTS] = values[start : start + CHUNK_ELEMENTS]
     except OverflowError as err:  # e.g. 300 in uint_contents of a UINT8 input
         raise ValueError(f"contents do not fit {wire}: {err}") from None
     return out.reshape(shape)
