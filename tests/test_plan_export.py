@@ -44,8 +44,20 @@ def profiled(tmp_path_factory) -> Path:
     return work
 
 
+def _budget(profiled: Path, every_config: bool = False) -> float:
+    """A p99 budget (ms) some configs meet and, where their lowest p99s differ, some do not
+    (halfway between the lowest and the highest of them), or that every config meets: so that
+    which configs are feasible does not depend on how busy this machine was (a fixed budget
+    can fail on a loaded host)."""
+    results = json.loads((profiled / "EXP" / "results" / "profile_results.json").read_text())
+    lowest = [min(m["metrics"]["perf_latency_p99"] for m in c["measurements"])
+              for c in results["models"][0]["configs"] if c["measurements"]]  # fmt: skip
+    return max(lowest) if every_config else (min(lowest) + max(lowest)) / 2
+
+
 def test_plan_prints_replicas_per_config(profiled: Path):
-    run = _run("plan", "-e", "EXP", "--target-qps", "20000", "--latency-budget", "50",
+    budget = _budget(profiled)
+    run = _run("plan", "-e", "EXP", "--target-qps", "20000", "--latency-budget", repr(budget),
                "--cost-per-cpu-hour", "0.05", cwd=profiled)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     plan = json.loads((profiled / "EXP" / "results" / "plan.json").read_text())
@@ -55,11 +67,11 @@ def test_plan_prints_replicas_per_config(profiled: Path):
     for row in rows:
         assert row["config"] in run.stdout
     for row in feasible:
-        assert row["p99_ms"] <= 50
+        assert row["p99_ms"] <= budget
         assert row["replicas"] == math.ceil(20000 * 1.2 / row["throughput"])
         assert row["cost_per_hour"] == pytest.approx(row["cores"] * 0.05)
-    for row in rows[len(feasible):]:  # on a loaded machine a config's every point may be slower
-        assert "no point within the 50 ms budget" in row["note"], row
+    for row in rows[len(feasible):]:
+        assert f"no point within the {budget:g} ms budget" in row["note"], row
     assert [r["cost_per_hour"] for r in feasible] == sorted(r["cost_per_hour"] for r in feasible)
     assert f"tiny_cnn: {rows[0]['replicas']} replica(s) of {rows[0]['config']}" in run.stdout
     summary = profiled / "EXP" / "reports" / "summaries" / "tiny_cnn" / "result_summary.html"
@@ -171,7 +183,8 @@ def test_export_triton_is_a_repository_ready_to_serve(profiled: Path, tmp_path: 
 
 
 def test_export_kserve_writes_an_inference_service_kserve_accepts(profiled: Path, tmp_path: Path):
-    _run("plan", "-e", "EXP", "--target-qps", "20000", "--latency-budget", "50", cwd=profiled)
+    _run("plan", "-e", "EXP", "--target-qps", "20000", "--latency-budget",
+         repr(_budget(profiled, every_config=True)), cwd=profiled)  # fmt: skip
     out = tmp_path / "kserve"
     run = _run("export", "-e", "EXP", "--format", "kserve", "--storage-uri",
                "s3://models/tiny", "--output", str(out), cwd=profiled)  # fmt: skip
