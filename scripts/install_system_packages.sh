@@ -21,5 +21,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-(apt-get install -y -qq "${need[@]}" >/dev/null 2>&1) \
-  || (apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null)
+# one apt at a time: scripts/setup_venv.sh runs install_perf_analyzer.sh meanwhile
+apt_get() { flock -w 900 /tmp/model-analyzer-apt.lock apt-get "$@"; }
+(apt_get install -y -qq "${need[@]}" >/dev/null 2>&1) \
+  || (apt_get update -qq && apt_get install -y -qq "${need[@]}" >/dev/null)
