@@ -11,8 +11,6 @@ The GIL of this process is the model's alone; the process dies with the worker.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import ctypes
 import errno
 import importlib.util
@@ -42,6 +40,9 @@ if str(PB_UTILS_DIR) not in sys.path:
     sys.path.insert(0, str(PB_UTILS_DIR))
 
 if TYPE_CHECKING:  # the same module the models import by its top-level name
+    import asyncio
+    import concurrent.futures
+
     from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb_utils
 else:
     import triton_python_backend_utils as pb_utils
@@ -608,6 +609,8 @@ class BlsClient:
 
     async def call_async(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         """async_exec(): send, then wait on a future the channel's reader resolves."""
+        import asyncio  # noqa: PLC0415 - only models that use async_exec() pay its import
+
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Message] = loop.create_future()
         number = self.send(request)
@@ -745,7 +748,8 @@ class Stub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         # a model that is not decoupled: its async execute(), run on the serve loop's thread
-        self.call_loop = asyncio.new_event_loop()
+        # (made on first use: asyncio's import is ~20% of a stub's start, a model load's cost)
+        self.call_loop: asyncio.AbstractEventLoop | None = None
         pb_utils._bls_client = self.bls
 
     def serve(self) -> None:
@@ -819,6 +823,8 @@ class Stub:
             try:
                 result = self.model.is_ready()
                 if inspect.isawaitable(result):  # on the model's loop, as Triton runs it
+                    import asyncio  # noqa: PLC0415 - see call_loop
+
                     result = asyncio.run_coroutine_threadsafe(
                         result, self.async_loop()).result()  # type: ignore[arg-type]
                 if not isinstance(result, bool):
@@ -865,6 +871,8 @@ class Stub:
         """The model's event loop, running on its own thread from the first coroutine on."""
         with self._loop_lock:
             if self._loop is None:
+                import asyncio  # noqa: PLC0415 - see call_loop
+
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="asyncio", daemon=True).start()
                 self._loop = loop
@@ -876,6 +884,10 @@ class Stub:
             # waited for here, on a loop of this thread's: Triton runs it on the model's loop
             # thread and waits, which costs a thread hop each way (~42 against ~9 us a call)
             try:
+                if self.call_loop is None:
+                    import asyncio  # noqa: PLC0415 - see call_loop
+
+                    self.call_loop = asyncio.new_event_loop()
                 result = self.call_loop.run_until_complete(result)
             finally:
                 self.bls.stop_watching()
@@ -929,6 +941,8 @@ class Stub:
                              self._emit(n, response, final, r))  # fmt: skip
         result = self.model.execute(requests)
         if inspect.iscoroutine(result):  # runs on the model's loop; the next call may start
+            import asyncio  # noqa: PLC0415 - see call_loop
+
             future = asyncio.run_coroutine_threadsafe(result, self.async_loop())
             future.add_done_callback(lambda done: self._async_done(done, serials))
             result = None
@@ -947,6 +961,8 @@ class Stub:
         """A decoupled model's async execute() ended. If it raised (or returned something),
         its traceback goes to the log, as Triton's; its requests still open are answered with
         that error here, so that no client waits for ever."""
+        import concurrent.futures  # noqa: PLC0415 - imported by asyncio, which ran this
+
         try:
             error = done.exception()
         except concurrent.futures.CancelledError:
