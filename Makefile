@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml scripts/setup_venv.sh scripts/install_perf_analyzer.sh scripts/install_ma_peer.sh \
 		scripts/install_kserve_peer.sh \
-		scripts/install_system_packages.sh
+		scripts/install_system_packages.sh scripts/apt_get.sh
 	PYTHON=$(PYTHON) bash scripts/setup_venv.sh $(VENV)
 	touch $(STAMP)
 

@@ -27,14 +27,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from serving import EXAMPLES, start_worker  # noqa: E402
+from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup  # noqa: E402
+
+from analyzer.config.model_config import load_model_config, model_config_to_dict  # noqa: E402
 
 
 def _config(count: int) -> dict:
-    tensors = [{"name": n, "data_type": "TYPE_FP32", "dims": [4]} for n in ("INPUT0", "INPUT1")]
-    outputs = [{"name": n, "data_type": "TYPE_FP32", "dims": [4]} for n in ("OUTPUT0", "OUTPUT1")]
-    return {"name": "add_sub", "backend": "python", "max_batch_size": 8,
-            "dynamic_batching": {}, "input": tensors, "output": outputs,
-            "instance_group": [{"count": count, "kind": "KIND_CPU"}]}  # fmt: skip
+    """The example's own config, with `count` CPU instances."""
+    config = load_model_config(EXAMPLES / "add_sub" / "config.pbtxt")
+    del config.instance_group[:]
+    config.instance_group.add(count=count, kind=ModelInstanceGroup.KIND_CPU)
+    return model_config_to_dict(config)
 
 
 def _post(address: str, path: str, body: dict) -> float:

@@ -8,8 +8,7 @@ dest="$venv/lib/perf_analyzer"
 if [ -x "$dest/perf_analyzer" ] && [ -x "$venv/bin/perf_analyzer" ]; then exit 0; fi
 if ! ldconfig -p | grep -q 'libb64.so.0d'; then
   if [ "$(id -u)" = 0 ]; then
-    # one apt at a time: scripts/setup_venv.sh runs install_system_packages.sh meanwhile
-    apt_get() { flock -w 900 /tmp/model-analyzer-apt.lock apt-get "$@"; }
+    apt_get() { bash "$(dirname "$0")/apt_get.sh" "$@"; }
     (apt_get install -y -qq libb64-0d >/dev/null 2>&1) || (apt_get update -qq && apt_get install -y -qq libb64-0d >/dev/null)
   else
     echo "perf_analyzer needs Debian's libb64-0d: run 'sudo apt-get install libb64-0d'" >&2; exit 1

@@ -21,7 +21,6 @@ if [ "$(id -u)" != 0 ]; then
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-# one apt at a time: scripts/setup_venv.sh runs install_perf_analyzer.sh meanwhile
-apt_get() { flock -w 900 /tmp/model-analyzer-apt.lock apt-get "$@"; }
+apt_get() { bash "$(dirname "$0")/apt_get.sh" "$@"; }  # one apt at a time
 (apt_get install -y -qq "${need[@]}" >/dev/null 2>&1) \
   || (apt_get update -qq && apt_get install -y -qq "${need[@]}" >/dev/null)

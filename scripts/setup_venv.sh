@@ -2,8 +2,8 @@
 # Creates the project's virtualenv: the package with its test extras, torch pinned to the local
 # CPU build, and the test peers (not runtime dependencies): the real perf_analyzer, NVIDIA's Model
 # Analyzer and KServe in venvs of their own, and Debian's packages the tests use. The peers' venvs
-# and the Debian packages are installed while the main venv is (a fresh set-up: ~4 min instead of
-# ~6), each into a log of its own, shown when the step fails or has something to say.
+# and the Debian packages are installed while the main venv is (a fresh set-up here: 167 s
+# instead of 238), each into a log of its own, shown when the step fails or has something to say.
 set -euo pipefail
 venv=${1:-.venv}
 python=${PYTHON:-python3.11}

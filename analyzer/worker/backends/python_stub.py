@@ -609,7 +609,7 @@ class BlsClient:
 
     async def call_async(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         """async_exec(): send, then wait on a future the channel's reader resolves."""
-        import asyncio  # noqa: PLC0415 - only models that use async_exec() pay its import
+        import asyncio  # here, not at the top: see Stub.call_loop
 
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Message] = loop.create_future()
@@ -748,7 +748,8 @@ class Stub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         # a model that is not decoupled: its async execute(), run on the serve loop's thread
-        # (made on first use: asyncio's import is ~20% of a stub's start, a model load's cost)
+        # (made on first use: asyncio is imported only by models that use it, since its
+        # import was ~0.1 of a stub's ~0.37 s start, which every instance of a load pays)
         self.call_loop: asyncio.AbstractEventLoop | None = None
         pb_utils._bls_client = self.bls
 
@@ -823,7 +824,7 @@ class Stub:
             try:
                 result = self.model.is_ready()
                 if inspect.isawaitable(result):  # on the model's loop, as Triton runs it
-                    import asyncio  # noqa: PLC0415 - see call_loop
+                    import asyncio  # see call_loop
 
                     result = asyncio.run_coroutine_threadsafe(
                         result, self.async_loop()).result()  # type: ignore[arg-type]
@@ -871,7 +872,7 @@ class Stub:
         """The model's event loop, running on its own thread from the first coroutine on."""
         with self._loop_lock:
             if self._loop is None:
-                import asyncio  # noqa: PLC0415 - see call_loop
+                import asyncio  # see call_loop
 
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="asyncio", daemon=True).start()
@@ -885,7 +886,7 @@ class Stub:
             # thread and waits, which costs a thread hop each way (~42 against ~9 us a call)
             try:
                 if self.call_loop is None:
-                    import asyncio  # noqa: PLC0415 - see call_loop
+                    import asyncio  # see call_loop
 
                     self.call_loop = asyncio.new_event_loop()
                 result = self.call_loop.run_until_complete(result)
@@ -941,7 +942,7 @@ class Stub:
                              self._emit(n, response, final, r))  # fmt: skip
         result = self.model.execute(requests)
         if inspect.iscoroutine(result):  # runs on the model's loop; the next call may start
-            import asyncio  # noqa: PLC0415 - see call_loop
+            import asyncio  # see call_loop
 
             future = asyncio.run_coroutine_threadsafe(result, self.async_loop())
             future.add_done_callback(lambda done: self._async_done(done, serials))
@@ -961,7 +962,7 @@ class Stub:
         """A decoupled model's async execute() ended. If it raised (or returned something),
         its traceback goes to the log, as Triton's; its requests still open are answered with
         that error here, so that no client waits for ever."""
-        import concurrent.futures  # noqa: PLC0415 - imported by asyncio, which ran this
+        import concurrent.futures  # loaded already: asyncio, which ran this, imports it
 
         try:
             error = done.exception()
