@@ -2,7 +2,8 @@
 
 A client may open its flow-control windows wide, send calls on many connections and read no
 answer: each connection stopped reading at its own high water, but nothing bounded the sum. Past
-the cap the connection holding most is closed; a client that reads is still served.
+the cap the connection holding most is closed; a client that reads is still served. Answers a
+client's flow-control windows hold back count too.
 """
 
 from __future__ import annotations
@@ -112,5 +113,44 @@ def test_answers_unread_on_many_connections_are_bounded_in_total(tmp_path):
             sock.close()
         with grpcclient.InferenceServerClient(served.grpc) as client:
             assert client.is_server_live()
+    finally:
+        served.stop()
+
+
+def test_answers_a_client_gives_no_window_for_are_bounded_in_total(tmp_path):
+    """A client that reads its socket but opens no flow-control window: each answer's DATA waits
+    in the worker, on a stream whose call is answered (its RPC slot free), so calls could be
+    sent until the worker ran out of memory. Those bytes count as unsent replies too."""
+    python_models(tmp_path, {"echo": ECHO}, CONFIG)
+    served = start_worker(tmp_path, "--http-max-unsent-size", "16MB")
+    try:
+        host, port = served.grpc.rsplit(":", 1)
+        request = pb.ModelInferRequest(model_name="echo")
+        request.inputs.add(name="X", datatype="FP32", shape=[MIB // 2])  # 2 MiB each way
+        request.raw_input_contents.append(np.ones(MIB // 2, np.float32).tobytes())
+        message = request.SerializeToString()
+        sock = socket.create_connection((host, int(port)))
+        encoder = Encoder()
+        sock.sendall(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", S_INITIAL_WINDOW_SIZE, 0)))
+        sent = 0
+        for n in range(40):  # 80 MiB of answers asked for, five times the cap
+            try:
+                sock.sendall(call(encoder, 2 * n + 1, message))
+            except ConnectionError:
+                break
+            sent += 1
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            "over --http-max-unsent-size" in line for line in served.output
+        ):
+            time.sleep(0.1)
+        assert any("over --http-max-unsent-size" in line for line in served.output), (
+            f"{sent} calls of 2 MiB answers held back by flow control and no connection closed")
+        assert closed(sock, 10)
+        sock.close()
+        with grpcclient.InferenceServerClient(served.grpc) as client:  # others are served
+            x = grpcclient.InferInput("X", [4], "FP32")
+            x.set_data_from_numpy(np.arange(4, dtype=np.float32))
+            assert client.infer("echo", [x]).as_numpy("Y").tolist() == [0, 1, 2, 3]
     finally:
         served.stop()

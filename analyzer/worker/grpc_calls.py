@@ -228,7 +228,7 @@ class CallHandling(ConnectionState):
         assert inbox is not None
         try:
             async for parts in self.service.ModelStreamInfer(inbox, _Context(stream.metadata)):
-                if stream.answered:
+                if stream.answered or self.streams.get(stream.id) is not stream:
                     return
                 self._send_message(stream, parts)
                 if len(stream.out) > self.limits.write_high_water_bytes:
@@ -276,10 +276,11 @@ class CallHandling(ConnectionState):
             self._emit(_FRAME.pack(n >> 16, n & 0xFFFF, DATA, 0, sid) + b"\x00" + _U32.pack(size))
             self.out += parts  # the frame's payload goes out without another copy
             return
+        held = len(stream.out)
         stream.out += b"\x00" + _U32.pack(size)
         for part in parts:
             stream.out += part
-        self._drain(stream)
+        self._drain(stream, len(stream.out) - held)
 
     def _end(self, stream: Stream, trailers: bytes) -> None:
         stream.answered = True
@@ -298,15 +299,19 @@ class CallHandling(ConnectionState):
             block, self.table_update = self.table_update + block, b""
         return block
 
-    def _drain(self, stream: Stream) -> None:
-        """Send what flow control allows of a stream's waiting DATA, then its trailers."""
+    def _drain(self, stream: Stream, added: int = 0) -> None:
+        """Send what flow control allows of a stream's waiting DATA (`added` bytes of it new),
+        then its trailers."""
         out = stream.out
+        held = len(out)
         while out and stream.send_window > 0 and self.send_window > 0:
             n = min(len(out), stream.send_window, self.send_window, self.peer_max_frame)
             self._emit(_frame(DATA, 0, stream.id, bytes(out[:n])))
             del out[:n]
             stream.send_window -= n
             self.send_window -= n
+        if added != held - len(out):  # what still waits changed
+            self._hold(added - (held - len(out)))
         if out:
             self.blocked.add(stream)
             return
@@ -339,6 +344,9 @@ class CallHandling(ConnectionState):
             # its tasks would wait forever
             self._abandon(stream)
         self._unbuffer(stream)
+        if stream.out:  # DATA its windows held back is not sent any more
+            self._hold(-len(stream.out))
+            stream.out = bytearray()
         if stream.inbox is not None:  # what its inbox still holds leaves the server's total
             stream.inbox.discard()
         self.blocked.discard(stream)

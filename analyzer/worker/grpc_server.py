@@ -158,39 +158,29 @@ class _Connection(FrameHandling, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        if self.unsent > 0:
-            self._count_unsent(0)
         self.closing = True
         if self.timer is not None:
             self.timer.cancel()
         for stream in list(self.streams.values()):
             self._close(stream)  # withdraws what the call still runs
         self.blocked.clear()
+        self.write_paused = False
+        if self.unsent > 0:
+            self._count_unsent()  # nothing held any more: 0
 
     def pause_writing(self) -> None:  # the client does not read: stop reading its requests
         self.transport.pause_reading()
         self.write_paused = True
-        self._count_unsent(self.transport.get_write_buffer_size())
+        self._count_unsent()
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        self._count_unsent(0)
+        self._count_unsent()
         if not self.closing:
             self.transport.resume_reading()
 
     def _wrote_paused(self) -> None:
-        self._count_unsent(self.transport.get_write_buffer_size())
-
-    def _count_unsent(self, size: int) -> None:
-        unsent = self.server.unsent
-        if unsent is not None:
-            unsent.count(self, size)
-
-    def drop(self) -> None:
-        """Closed for holding the most replies unread (UnsentReplies): nothing more is sent."""
-        self.server.connections.discard(self)
-        self.closing = True
-        self.transport.abort()
+        self._count_unsent()
 
     def _arm(self, delay: float) -> None:
         if self.timer is not None:

@@ -187,10 +187,37 @@ class ConnectionState(CoalescedWrites):
         self.out: list[bytes] = []
         self.flush_pending = False
         self.unsent = 0  # bytes of them counted in the server's `unsent` (-1: closed for them)
+        # DATA of answers the client's flow-control windows hold back, all streams: a call is
+        # answered (its RPC slot free) once its DATA waits here, so a client that opens no window
+        # could otherwise ask for answers until the worker's memory ran out
+        self.held_back = 0
         self.blocked: set[Stream] = set()
         self.closing = False
         self.last_active = time.monotonic()
         self.timer: asyncio.TimerHandle | None = None
+
+    def _hold(self, change: int) -> None:
+        """`change` bytes more (or fewer) of DATA wait for the client's windows."""
+        self.held_back += change
+        if not self.closing:  # a closing connection is counted out once, when it is gone
+            self._count_unsent()
+
+    def _count_unsent(self) -> None:
+        """What this connection holds of replies its client has not taken, in the protocol's
+        total (--http-max-unsent-size): DATA its windows hold back and, while writing is paused,
+        the socket's buffer (below its high water it is not counted: reply_high_water)."""
+        unsent = self.server.unsent
+        if unsent is not None:
+            size = self.held_back
+            if self.write_paused:
+                size += self.transport.get_write_buffer_size()
+            unsent.count(self, size)
+
+    def drop(self) -> None:
+        """Closed for holding the most replies unread (UnsentReplies): nothing more is sent."""
+        self.server.connections.discard(self)
+        self.closing = True
+        self.transport.abort()
 
 
 def wake(future: asyncio.Future[None] | None) -> None:
