@@ -858,3 +858,44 @@ def test_an_answered_request_is_freed_without_the_garbage_collector():
         assert live_requests() - before == 0
     finally:
         gc.enable()
+
+
+def test_answers_waiting_behind_an_unanswered_request_count_as_unsent():
+    """Answers go out in request order, so those finished behind a request still running wait in
+    the worker, out of the socket's buffer: up to --http-max-pending of them per connection, of
+    any size. They count against --http-max-unsent-size like unread replies; past it the
+    connection holding most is closed and the held request's disconnect hooks run."""
+    cap = 16 * MIB
+    limits = Limits(max_pending_per_connection=64, max_unsent_bytes=cap)
+    reply = 2 * MIB
+    held: list[HttpRequest] = []
+    hooks: list[str] = []
+
+    def handler(request: HttpRequest, respond) -> None:
+        if request.path == "/hold":  # e.g. a long model call: answered much later, or never
+            held.append(request)
+            request.on_disconnect(lambda: hooks.append(request.path))
+            return
+        respond(HttpResponse(200, [request.path.encode().ljust(reply, b".")]))
+
+    async def run() -> tuple[bool, int]:
+        server, port = await _serve(handler, limits)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request_bytes("GET", "/hold")
+                         + b"".join(request_bytes("GET", f"/{i}") for i in range(40)))  # fmt: skip
+            try:  # to EOF or a reset: closed by the server, having sent nothing
+                closed = not await asyncio.wait_for(reader.read(), 20)
+            except ConnectionError:
+                closed = True
+            except TimeoutError:
+                closed = False
+            writer.close()
+            await asyncio.sleep(0.1)
+            return closed, len(hooks)
+        finally:
+            server.close()
+
+    closed, hooks_run = asyncio.run(run())
+    assert held and closed, "80 MiB of answers waited behind an unanswered request"
+    assert hooks_run == 1

@@ -48,17 +48,41 @@ class Flow(ConnectionState):
         # whose callback holds this slot -- a reference cycle that only the garbage collector
         # would free, keeping every request's body alive until it ran (and paying for the runs)
         slot[1] = None
+        slots = self.slots
+        if slots and slots[0] is not slot:
+            # an earlier request is unanswered: this answer waits in the worker, outside the
+            # socket's buffer, and counts as unsent (up to --http-max-pending of any size each)
+            size = sum(map(len, response.body))
+            if size:
+                slot[1] = size
+                self.held_back += size
+                self._count_unsent()
         self._flush()
+
+    def _count_unsent(self) -> None:
+        """This connection's replies its client has not taken, in the server's total
+        (--http-max-unsent-size): answers waiting for an earlier one and, while writing is
+        paused, the socket's buffer (below its high water it is not counted)."""
+        size = self.held_back
+        if self.paused & _WRITES and self.transport is not None:
+            size += self.transport.get_write_buffer_size()
+        self.server.unsent.count(self, size)
 
     def _flush(self) -> None:
         slots = self.slots
+        counted = False
         while slots and slots[0][0] is not None:
-            response = slots.popleft()[0]
+            response, waited = slots.popleft()
+            if waited is not None:  # an answer that waited, counted as unsent
+                self.held_back -= waited
+                counted = True
             try:
                 self._write(response)
             except Exception as err:  # e.g. a header that is not latin-1: still one answer
                 log.exception("cannot write an HTTP %d response", response.status)
                 self._write(error_response(500, f"internal error: cannot encode response: {err}"))
+        if counted:
+            self._count_unsent()
         if self.waiting:
             self._release()
         if self.closing and not slots and self.transport is not None:
@@ -91,7 +115,7 @@ class Flow(ConnectionState):
             if encoded is not None:
                 transport.writelines([encoded, *response.body])
                 if self.paused & _WRITES:  # over its high water: the server counts it
-                    self.server.unsent.count(self, transport.get_write_buffer_size())
+                    self._count_unsent()
                 return
         length = sum(len(b) for b in response.body)
         key = (response.status, response.content_type)
@@ -114,7 +138,7 @@ class Flow(ConnectionState):
             cell[0] = encoded
         transport.writelines([encoded, *response.body])
         if self.paused & _WRITES:  # over its high water: the server counts it
-            self.server.unsent.count(self, transport.get_write_buffer_size())
+            self._count_unsent()
 
     # -- flow control and clocks ------------------------------------------------------------
     def _pause(self, why: int) -> None:

@@ -109,6 +109,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         self.length_digits = len(str(limits.max_input_bytes))  # fewer: surely under the cap
         self.held = 0  # bytes of the body being received, counted in the server's budget
         self.unsent = 0  # bytes of unread replies, counted in the server's `unsent`
+        self.held_back = 0  # bytes of answers waiting for an earlier request's
         self.transport = None
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
@@ -165,6 +166,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.open.discard(self)
+        self.held_back = 0
         if self.unsent > 0:
             self.server.unsent.count(self, 0)
         self._let_go()
@@ -183,11 +185,10 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._pause(_WRITES)
-        if self.transport is not None:
-            self.server.unsent.count(self, self.transport.get_write_buffer_size())
+        self._count_unsent()
 
     def resume_writing(self) -> None:
-        self.server.unsent.count(self, 0)
+        self.server.unsent.count(self, self.held_back)
         self._resume(_WRITES)
         if self.waiting:
             self._release()

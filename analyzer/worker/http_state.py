@@ -49,6 +49,7 @@ class ConnectionState:
     held: int  # bytes of the body being received, counted in the server's budget
     unsent: int  # bytes of replies the client has not read, counted in the server's `unsent`
     # (-1: closed for holding the most)
+    held_back: int  # bytes of answers waiting for an earlier request's (answers go in order)
     # the caps, read on every request
     head_cap: int
     body_cap: int
