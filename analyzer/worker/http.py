@@ -284,7 +284,7 @@ class RestApi:
                 return
         else:
             model = offloaded
-        plan, header, binary = self._plans.plan(http)
+        plan, header, binary = self._plans.plan(http, offloaded is not None)
         inputs, wire_types, pending = _decode_inputs(plan, header, binary, self.shm,
                                                      model.validator)  # fmt: skip
         for spec in plan.outputs or ():  # regions named for outputs exist before the model runs

@@ -25,6 +25,7 @@ from analyzer.datatypes import (
 )
 from analyzer.worker.errors import InferError
 from analyzer.worker.http_message import HttpRequest, HttpResponse, error_response
+from analyzer.worker.json_process import PROCESS_JSON_BYTES, parse_in_child
 from analyzer.worker.offload import OFFLOAD_ELEMENTS, PENDING, PendingInput, pending_bytes
 from analyzer.worker.params import (
     _object,
@@ -114,12 +115,16 @@ class _Plans:
     def __init__(self) -> None:
         self.plans: dict[bytes, _Plan] = {}
 
-    def plan(self, http: HttpRequest) -> tuple[_Plan, dict[str, Any] | None, memoryview]:
-        """(plan, the parsed header when it was parsed now, the binary part of the body)."""
+    def plan(self, http: HttpRequest,
+             offloaded: bool = False) -> tuple[_Plan, dict[str, Any] | None, memoryview]:
+        """(plan, the parsed header when it was parsed now, the binary part of the body).
+        `offloaded`: on the offload thread, where a JSON header this large is parsed in a
+        process of its own (json_process.py)."""
         body = http.body
         length = http.headers.get(HEADER_LENGTH)
+        parse = parse_in_child if offloaded else _parse_json
         if length is None:
-            header = _parse_json(body)
+            header = (parse if len(body) >= PROCESS_JSON_BYTES else _parse_json)(body)
             return _make_plan(header, keep=False), header, memoryview(b"")
         try:
             n = int(length)
@@ -137,7 +142,7 @@ class _Plans:
             plan = self.plans.get(key)
             if plan is not None:
                 return plan, None, view[n:]
-        header = _parse_json(view[:n])
+        header = (parse if n >= PROCESS_JSON_BYTES else _parse_json)(view[:n])
         plan = _make_plan(header, keep=key is not None)
         if plan.heads is not None and key is not None:
             plans = self.plans
@@ -280,6 +285,8 @@ def _from_json_data(data: Any, wire: str, shape: tuple[int, ...], count: int) ->
     if count >= OFFLOAD_ELEMENTS and type(data) is list and len(data) == count:
         parts = [_from_flat(data[start : start + CHUNK_ELEMENTS], wire)
                  for start in range(0, count, CHUNK_ELEMENTS)]  # fmt: skip
+        while data:  # freed a slice at a time too: freeing millions of values is one C call
+            del data[-CHUNK_ELEMENTS:]
         return np.concatenate(parts).reshape(shape)
     try:
         flat = np.asarray(data, dtype=np.object_ if wire == "BYTES" else None).ravel()

@@ -12,7 +12,7 @@ later requests follow it instead of passing it (a sequence's steps stay in order
 A thread helps only with work made of short C calls: the loop gets the GIL back every 5 ms.
 One C call over millions of values (`tolist()`, `np.asarray` of a list, `json.loads`) holds the
 GIL, and so the loop, whatever thread makes it: conversions here work a slice at a time, and a
-large JSON body's parse still delays other clients (~80 ms per MiB of numbers).
+large JSON body is parsed in a child process (json_process.py).
 Below the thresholds a request costs a truth test or two more, nothing else.
 """
 
