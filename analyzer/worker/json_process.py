@@ -48,8 +48,14 @@ def _run_child(body: bytes | bytearray | memoryview) -> tuple[int, bytes, bytes]
         done = subprocess.run(_CHILD, stdin=source, stdout=sink, stderr=subprocess.PIPE,
                               check=False)  # fmt: skip
         size = os.fstat(sink.fileno()).st_size
-        out = os.pread(sink.fileno(), size, 0) if size else b""
-    return done.returncode, out, done.stderr
+        pieces, at = [], 0
+        while at < size:  # one read, unless it is over the kernel's 2 GiB per call
+            piece = os.pread(sink.fileno(), size - at, at)
+            if not piece:
+                break
+            pieces.append(piece)
+            at += len(piece)
+    return done.returncode, pieces[0] if len(pieces) == 1 else b"".join(pieces), done.stderr
 
 
 def parse_in_child(body: bytes | bytearray | memoryview) -> dict[str, Any]:
