@@ -99,6 +99,21 @@ class TritonPythonModel:
         return answer(requests, int(pb_utils.is_model_ready("drains"))
                       + 2 * int(pb_utils.is_model_ready("raises")))
 ''',
+    # ready only while is_ready() runs on the loop its async execute() ran on (Triton runs both
+    # on the model's one loop: what one makes there, the other may use)
+    "one_loop": HEAD + '''
+class TritonPythonModel:
+    def initialize(self, args):
+        self.loop = None
+
+    async def is_ready(self):
+        return self.loop is None or asyncio.get_running_loop() is self.loop
+
+    async def execute(self, requests):
+        self.loop = asyncio.get_running_loop()
+        await asyncio.sleep(0)
+        return answer(requests, 1)
+''',
     # no is_ready(): ready while its process lives; it answers with that process's pid
     "plain": HEAD + '''
 class TritonPythonModel:
@@ -251,3 +266,12 @@ def test_a_readiness_question_does_not_hold_up_a_streaming_models_other_messages
         client.stop_stream()
         client.close()
     assert values == [1, 10]  # the BLS call came back first; "hangs" is not ready
+
+
+def test_an_async_is_ready_and_an_async_execute_share_the_models_loop(worker):
+    served, _ = worker
+    client = httpclient.InferenceServerClient(served.http)
+    assert client.is_model_ready("one_loop")
+    for _ in range(3):
+        assert _infer(client, "one_loop") == 1
+        assert client.is_model_ready("one_loop")

@@ -751,6 +751,7 @@ class Stub:
         # (made on first use: asyncio is imported only by models that use it, since its
         # import was ~0.1 of a stub's ~0.37 s start, which every instance of a load pays)
         self.call_loop: asyncio.AbstractEventLoop | None = None
+        self.one_loop = False  # async execute() on the model's loop too: see op_initialize
         pb_utils._bls_client = self.bls
 
     def serve(self) -> None:
@@ -799,6 +800,9 @@ class Stub:
         if hasattr(self.model, "initialize"):
             self.model.initialize(message["args"])
         readiness = callable(getattr(self.model, "is_ready", None)) and self.bell is not None
+        # an async is_ready() runs on the model's loop: its async execute() then does too, so
+        # that what one makes on the loop (a lock, a client session) the other can use
+        self.one_loop = readiness and inspect.iscoroutinefunction(self.model.is_ready)
         if readiness:
             threading.Thread(target=self.answer_readiness, name="is_ready", daemon=True).start()
         return {"ok": True, "pid": os.getpid(), "is_ready": readiness}
@@ -881,9 +885,14 @@ class Stub:
 
     def _execute(self, requests: list[pb_utils.InferenceRequest]) -> Message:
         result = self.model.execute(requests)
-        if inspect.isawaitable(result):  # async def execute (BLS with async_exec)
+        if self.one_loop and inspect.iscoroutine(result):  # on the model's loop, and waited for
+            import asyncio  # see call_loop
+
+            result = asyncio.run_coroutine_threadsafe(result, self.async_loop()).result()
+        elif inspect.isawaitable(result):  # async def execute (BLS with async_exec)
             # waited for here, on a loop of this thread's: Triton runs it on the model's loop
-            # thread and waits, which costs a thread hop each way (~42 against ~9 us a call)
+            # thread and waits, which costs a thread hop each way (~42 against ~9 us a call);
+            # a model with an async is_ready() pays it (one_loop)
             try:
                 if self.call_loop is None:
                     import asyncio  # see call_loop
