@@ -122,9 +122,8 @@ class _Plans:
         process of its own (json_process.py)."""
         body = http.body
         length = http.headers.get(HEADER_LENGTH)
-        parse = parse_in_child if offloaded else _parse_json
         if length is None:
-            header = (parse if len(body) >= PROCESS_JSON_BYTES else _parse_json)(body)
+            header = _parse_header(body, offloaded)
             return _make_plan(header, keep=False), header, memoryview(b"")
         try:
             n = int(length)
@@ -142,7 +141,7 @@ class _Plans:
             plan = self.plans.get(key)
             if plan is not None:
                 return plan, None, view[n:]
-        header = (parse if n >= PROCESS_JSON_BYTES else _parse_json)(view[:n])
+        header = _parse_header(view[:n], offloaded)
         plan = _make_plan(header, keep=key is not None)
         if plan.heads is not None and key is not None:
             plans = self.plans
@@ -150,6 +149,13 @@ class _Plans:
                 del plans[next(iter(plans))]  # the oldest goes
             plans[key] = plan
         return plan, header, view[n:]
+
+
+def _parse_header(data: bytes | memoryview, offloaded: bool) -> dict[str, Any]:
+    """A request's JSON; on the offload thread, one this large in a process of its own."""
+    if offloaded and len(data) >= PROCESS_JSON_BYTES:
+        return parse_in_child(data)
+    return _parse_json(data)
 
 
 def _make_plan(header: dict[str, Any], keep: bool) -> _Plan:

@@ -28,42 +28,28 @@ def weight(value: list[Any] | dict[str, Any]) -> int:
     return sum(weight(v) if isinstance(v, list | dict) else 1 for v in value)
 
 
-def _weights(value: list[Any]) -> list[int] | None:
-    """Its items' weights when the list should travel as runs (None: a list of scalars, in
-    runs of SLICE items); raises _Walk when it should not (small: its items are walked)."""
-    container = isinstance(value[0], list | dict)
-    if len(value) > SLICE and not container:
-        return None
-    if not container and len(value) <= SLICE:
-        raise _Walk
-    weights = [weight(v) if isinstance(v, list | dict) else 1 for v in value]
-    # long, or heavy through items light enough to be split between runs; a list that is heavy
-    # through one item is walked, so that the item itself is split
-    if len(value) > SLICE or (sum(weights) > SLICE and max(weights) <= SLICE):
-        return weights
-    raise _Walk
-
-
-class _Walk(Exception):
-    """A list to walk into rather than send as runs."""
-
-
-def slices(value: list[Any], weights: list[int] | None) -> list[bytes]:
-    """`value` as pickled runs of items holding about SLICE values each (an item holding more
-    is a run of its own)."""
-    if weights is None:
+def runs(value: list[Any]) -> list[bytes] | None:
+    """A non-empty list as pickled runs of items holding about SLICE values each (an item
+    holding more is a run of its own), or None when it is to be walked into instead: small, or
+    heavy through one item, which is then split itself."""
+    if not isinstance(value[0], list | dict):  # scalars: runs of SLICE items
+        if len(value) <= SLICE:
+            return None
         return [pickle.dumps(value[i : i + SLICE], pickle.HIGHEST_PROTOCOL)
                 for i in range(0, len(value), SLICE)]  # fmt: skip
-    runs: list[bytes] = []
+    weights = [weight(v) if isinstance(v, list | dict) else 1 for v in value]
+    if len(value) <= SLICE and (sum(weights) <= SLICE or max(weights) > SLICE):
+        return None
+    out: list[bytes] = []
     start = held = 0
     for i, w in enumerate(weights):
         held += w
         if held >= SLICE:
-            runs.append(pickle.dumps(value[start : i + 1], pickle.HIGHEST_PROTOCOL))
+            out.append(pickle.dumps(value[start : i + 1], pickle.HIGHEST_PROTOCOL))
             start, held = i + 1, 0
     if start < len(value):
-        runs.append(pickle.dumps(value[start:], pickle.HIGHEST_PROTOCOL))
-    return runs
+        out.append(pickle.dumps(value[start:], pickle.HIGHEST_PROTOCOL))
+    return out
 
 
 def split(document: dict[str, Any]) -> tuple[dict[str, Any], list[list[bytes]]]:
@@ -77,13 +63,12 @@ def split(document: dict[str, Any]) -> tuple[dict[str, Any], list[list[bytes]]]:
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in items:
             if isinstance(value, list) and value:
-                try:
-                    weights = _weights(value)
-                except _Walk:
+                pieces = runs(value)
+                if pieces is None:
                     stack.append(value)
-                    continue
-                node[key] = (len(lists),)
-                lists.append(slices(value, weights))
+                else:
+                    node[key] = (len(lists),)
+                    lists.append(pieces)
             elif isinstance(value, dict) and value:
                 stack.append(value)
     return document, lists
