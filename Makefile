@@ -3,9 +3,10 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# pytest-xdist processes (0: one pytest process); a file's tests stay together in one. Two
-# take CI from ~22 to ~14 min on 2 cores; a test marked exclusive_cpu runs alone (tests/conftest.py)
-PYTEST_WORKERS ?= 2
+# pytest-xdist processes (0: one pytest process); a file's tests stay together in one. On 2
+# cores, most tests wait on measurement windows, loads or a docker build: three processes took
+# the suite from 22:45 to 18:50 min, four to 19:32 (tests/conftest.py: exclusive_cpu runs alone)
+PYTEST_WORKERS ?= 3
 
 .PHONY: demo test venv lint clean docker-image
 

@@ -22,11 +22,18 @@ def examples_worker():
     assert served.stop() == 0, "".join(served.output)
 
 
-# `make test` runs two pytest-xdist processes. A test marked `exclusive_cpu` measures something
+# `make test` runs three pytest-xdist processes. A test marked `exclusive_cpu` measures something
 # only a machine with no other test running shows (a client alone on its core); it waits for the
-# other process's current test and holds every other test back while it runs. A reader-writer
+# other processes' current tests and holds every other test back while it runs. A reader-writer
 # lock over two files: the turnstile makes a waiting writer block new readers.
 _LOCKS = Path(tempfile.gettempdir())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`exclusive_cpu` tests first (a stable sort: every xdist process collects the same order),
+    so their files are handed out first and each runs while the others are still starting, not
+    after waiting for the longest test in flight with every other process held idle."""
+    items.sort(key=lambda item: item.get_closest_marker("exclusive_cpu") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -157,12 +157,15 @@ def render_model(document: dict[str, Any], model: dict[str, Any], out: Path,
         rows.append({**c, "delay": delay, "load": _load(c["best"]),
                      "vs_default": f"{throughput / base:.2f}×" if base else "–",
                      "detailed": c in top and "detailed" in parts})  # fmt: skip
-    written = [] if "detailed" not in parts else [
-        _render_detailed(env, css, model, c, winner, out) for c in top]  # fmt: skip
+    written: list[Path] = []
     choice = plot_specs or PlotChoice()
     if "detailed" in parts:
+        breakdowns = {c["name"]: plots.latency_breakdown_png(c) for c in top}
+        written += [_render_detailed(env, css, model, c, breakdowns[c["name"]], out)
+                    for c in top]  # fmt: skip
         for c in top:
-            written += plot_files.write_detailed_plots(out.parent, c, choice.for_config(c["name"]))
+            written += plot_files.write_detailed_plots(out.parent, c, choice.for_config(c["name"]),
+                                                       breakdowns[c["name"]])  # fmt: skip
     if "summary" not in parts:
         return written
     written += plot_files.write_summary_plots(out.parent, model["name"], top,
@@ -230,7 +233,7 @@ def _summary_figures(model: dict[str, Any], measured: list[dict[str, Any]],
     return figures
 
 
-def _render_detailed(env, css, model, config, winner, out: Path) -> Path:
+def _render_detailed(env, css, model, config, breakdown: bytes, out: Path) -> Path:
     budget = _budget(model)
     rows = plots.breakdown_rows(config)
     for r in rows:
@@ -244,7 +247,7 @@ def _render_detailed(env, css, model, config, winner, out: Path) -> Path:
     figures = [
         {"alt": "throughput vs load", "uri": plots.throughput_vs_load(
             [config], f"Throughput vs load: {config['name']}")},
-        {"alt": "latency breakdown per load point", "uri": plots.latency_breakdown(config)},
+        {"alt": "latency breakdown per load point", "uri": plots.uri(breakdown)},
     ]  # fmt: skip
     folder = out / "detailed" / config["name"]
     folder.mkdir(parents=True, exist_ok=True)

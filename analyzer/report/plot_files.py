@@ -199,11 +199,11 @@ def write_summary_plots(export_path: Path, key: str, configs: list[dict[str, Any
 
 
 def write_detailed_plots(export_path: Path, config: dict[str, Any],
-                         specs: tuple[PlotSpec, ...]) -> list[Path]:  # fmt: skip
-    """`plots/detailed/<config>/latency_breakdown.png` and `plots/simple/<config>/<plot>.png`."""
+                         specs: tuple[PlotSpec, ...], breakdown: bytes) -> list[Path]:  # fmt: skip
+    """`plots/detailed/<config>/latency_breakdown.png` (`breakdown`, drawn once for it and the
+    detailed report) and `plots/simple/<config>/<plot>.png`."""
     name = config["name"]
-    written = [_write(export_path / "plots" / "detailed" / name, "latency_breakdown",
-                      plots.latency_breakdown_png(config))]  # fmt: skip
+    written = [_write(export_path / "plots" / "detailed" / name, "latency_breakdown", breakdown)]
     for spec in _for_machine(specs, [config], swap=False):
         written.append(_write(export_path / "plots" / "simple" / name, spec.name,
                               simple_plot(spec, [config], {})))  # fmt: skip

@@ -30,8 +30,13 @@ def png(fig) -> bytes:
     return buffer.getvalue()
 
 
+def uri(data: bytes) -> str:
+    """PNG bytes as a data URI: the reports are single self-contained files."""
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
 def _uri(fig) -> str:
-    return "data:image/png;base64," + base64.b64encode(png(fig)).decode()
+    return uri(png(fig))
 
 
 def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -242,11 +247,8 @@ def breakdown_rows(config: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def latency_breakdown(config: dict[str, Any]) -> str:
-    return _uri(_latency_breakdown(config))
-
-
 def latency_breakdown_png(config: dict[str, Any]) -> bytes:
+    """One drawing serves both the detailed report (as a data URI) and MA's plots/ file."""
     return png(_latency_breakdown(config))
 
 
