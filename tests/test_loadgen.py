@@ -108,7 +108,8 @@ def test_monitors_sample_the_worker_tree(examples_worker):
 
 
 def test_saturated_client_is_flagged(examples_worker):
-    settings = MeasureSettings(warmup_ms=100, min_window_ms=500, saturation=0.0)
+    settings = MeasureSettings(warmup_ms=100, min_window_ms=500, saturation=0.0,
+                               window_ms=500, max_trials=4)  # unsteady neighbours: 2 s, not 50
     (point,) = measure(
         examples_worker, "http", model="add_sub", concurrency=[1], settings=settings,
         client_processes=1,
