@@ -5,8 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # pytest-xdist processes (0: one pytest process); a file's tests stay together in one. On 2
 # cores, most tests wait on measurement windows, loads or a docker build: three processes took
-# the suite from 22:45 to 18:50 min, four to 19:32 (tests/conftest.py: exclusive_cpu runs alone)
-PYTEST_WORKERS ?= 3
+# the suite from 22:45 to 18:50 min, four to 19:32, but a fresh clone at three failed a
+# load-sensitive test (test_custom_metrics, between-calls "ready" step): two until that is fixed
+# (tests/conftest.py: exclusive_cpu runs alone)
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test venv lint clean docker-image
 

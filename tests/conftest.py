@@ -22,7 +22,7 @@ def examples_worker():
     assert served.stop() == 0, "".join(served.output)
 
 
-# `make test` runs three pytest-xdist processes. A test marked `exclusive_cpu` measures something
+# `make test` runs two pytest-xdist processes. A test marked `exclusive_cpu` measures something
 # only a machine with no other test running shows (a client alone on its core); it waits for the
 # other processes' current tests and holds every other test back while it runs. A reader-writer
 # lock over two files: the turnstile makes a waiting writer block new readers.
