@@ -282,8 +282,9 @@ class TritonPythonModel:
             bls.set(-1)
         else:
             bls.set(float(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()[0]) + 1)
-        ready = family.Metric(labels={"step": "ready"})
-        ready.set(float(pb_utils.is_model_ready("echo")))
+        answer = float(pb_utils.is_model_ready("echo"))
+        ready = family.Metric(labels={"step": "ready"})  # made at 0, then set: the test waits
+        ready.set(answer)
         self.kept = [family, first, read, bls, ready]
 
     def execute(self, requests):
@@ -304,7 +305,8 @@ def test_a_model_thread_talks_to_the_worker_between_calls(tmp_path):
     try:
         deadline = time.monotonic() + 75
         text = _scrape(served)
-        while 'between_calls{step="ready"}' not in text and time.monotonic() < deadline:
+        # for the last value, not the series: a scrape may fall between its making and its set
+        while 'between_calls{step="ready"} 1\n' not in text and time.monotonic() < deadline:
             time.sleep(0.1)
             text = _scrape(served)
     finally:
