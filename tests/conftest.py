@@ -3,6 +3,7 @@ from __future__ import annotations
 import fcntl
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,18 +23,37 @@ def examples_worker():
     assert served.stop() == 0, "".join(served.output)
 
 
-# `make test` runs two pytest-xdist processes. A test marked `exclusive_cpu` measures something
-# only a machine with no other test running shows (a client alone on its core); it waits for the
+# `make test` runs pytest-xdist processes. A test marked `exclusive_cpu` measures something only
+# a machine with no other test running shows (a client alone on its core); it waits for the
 # other processes' current tests and holds every other test back while it runs. A reader-writer
 # lock over two files: the turnstile makes a waiting writer block new readers.
 _LOCKS = Path(tempfile.gettempdir())
 
+# Seconds each file's tests took together (a 2-process run on the 2-core VM, 2026-11-29; the
+# docker file's includes its image build, made once per fresh clone). Files are handed out
+# longest first, so that no long file starts when the others are nearly done; the rest follow
+# by number of tests, many first (pytest-xdist's own order, which `make test` turns off with
+# --no-loadscope-reorder: it would sort these by their number of tests too, and give the docker
+# file, four tests and ~6 min, out last). Rough figures suffice: an order, not a budget.
+_FILE_SECONDS = {
+    "test_profile.py": 490, "test_docker.py": 355, "test_ensemble.py": 165,
+    "test_profile_safety.py": 115, "test_profile_parts.py": 105, "test_http_limits.py": 100,
+    "test_loadgen.py": 100, "test_ma_peer.py": 95, "test_report.py": 90, "test_remote.py": 85,
+    "test_plan_export.py": 70, "test_shared_study.py": 70, "test_together.py": 65,
+    "test_fuzz.py": 45, "test_tls.py": 45, "test_loadgen_sequences.py": 40,
+}  # fmt: skip
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`exclusive_cpu` tests first (a stable sort: every xdist process collects the same order),
-    so their files are handed out first and each runs while the others are still starting, not
-    after waiting for the longest test in flight with every other process held idle."""
-    items.sort(key=lambda item: item.get_closest_marker("exclusive_cpu") is None)
+    """Files with an `exclusive_cpu` test first (each then runs while the others are still
+    starting, not after waiting for the longest test in flight with every other process held
+    idle), then the longest files, then the rest by number of tests. A file's tests stay in
+    their order and together (a stable sort on the file's keys)."""
+    counts = Counter(item.path.name for item in items)
+    exclusive = {item.path.name for item in items if item.get_closest_marker("exclusive_cpu")}
+    items.sort(key=lambda item: (item.path.name not in exclusive,
+                                 -_FILE_SECONDS.get(item.path.name, 0),
+                                 -counts[item.path.name], str(item.path)))  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
