@@ -125,6 +125,25 @@ def test_cpu_sampler_looks_the_process_table_up_once_a_while(monkeypatch):
     assert readings[-1].cpu_time_s >= readings[0].cpu_time_s
 
 
+def test_a_window_the_sampler_missed_gets_the_readings_either_side():
+    """A point's window with fewer than two readings (short, or the sampler's core starved: a
+    docker profile under load lost one row's RAM figure) takes the reading before it and one
+    taken at its end."""
+    sampler = CpuSampler(os.getpid(), interval_s=3600.0)  # one reading, at the start
+    sampler.start()
+    try:
+        for _ in range(100):
+            if sampler.samples:
+                break
+            time.sleep(0.01)
+        t0 = time.monotonic_ns()
+        summary = sampler.summary(t0, time.monotonic_ns())
+    finally:
+        sampler.stop()
+    assert summary.available, summary.reason
+    assert summary.samples == 2 and summary.rss_mb > 5 and summary.processes == 1
+
+
 def test_tritons_host_metric_flags(monkeypatch):
     """--allow-cpu-metrics / --allow-gpu-metrics turn families off; --metrics-interval-ms reads
     the host at most once an interval, every scrape between served the last reading."""

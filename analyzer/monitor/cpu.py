@@ -6,6 +6,8 @@ CPU is in percent of one core (200 = two cores busy), like `top`.
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 from dataclasses import dataclass
 
@@ -65,6 +67,7 @@ class CpuSampler(Sampler):
         self._ended_s = 0.0  # CPU counted for processes that have ended
         self._next_scan = 0.0  # time.monotonic() of the next lookup
         self._scanned = False  # the tree has been looked up once
+        self._reading = threading.Lock()
 
     def available(self) -> bool:
         return self._root is not None
@@ -95,6 +98,10 @@ class CpuSampler(Sampler):
         return True
 
     def sample(self) -> CpuReading | None:
+        with self._reading:  # the sampler's thread, and summary() for a window it missed
+            return self._sample()
+
+    def _sample(self) -> CpuReading | None:
         if self._root is None:
             return None
         if time.monotonic() >= self._next_scan and not self._scan():
@@ -120,7 +127,17 @@ class CpuSampler(Sampler):
         if not self.available():
             return CpuSummary(False, self.reason)
         with self._lock:
-            timed = [(t, s) for t, s in self.samples if t0 <= t <= t1]
+            first = bisect.bisect_left(self.samples, t0, key=lambda pair: pair[0])
+            last = bisect.bisect_right(self.samples, t1, key=lambda pair: pair[0])
+            timed = self.samples[first:last]
+            before = self.samples[first - 1:first] if first else []
+        if len(timed) < 2:
+            # a window shorter than two intervals, or one this thread could not keep up with
+            # (a starved core): the readings either side of it, the later one taken now, rather
+            # than no figures at all
+            taken = time.monotonic_ns()
+            now = self.sample()
+            timed = before + timed + ([(taken, now)] if now is not None else [])
         if len(timed) < 2:
             return CpuSummary(False, "no CPU data: the window was shorter than two samples")
         (ta, a), (tb, b) = timed[0], timed[-1]
