@@ -129,7 +129,8 @@ def test_a_window_the_sampler_missed_gets_the_readings_either_side():
     """A point's window with fewer than two readings (short, or the sampler's core starved: a
     docker profile under load lost one row's RAM figure) takes the reading before it and one
     taken at its end."""
-    sampler = CpuSampler(os.getpid(), interval_s=3600.0)  # one reading, at the start
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sampler = CpuSampler(child.pid, interval_s=3600.0)  # one reading, at the start
     sampler.start()
     try:
         for _ in range(100):
@@ -140,6 +141,8 @@ def test_a_window_the_sampler_missed_gets_the_readings_either_side():
         summary = sampler.summary(t0, time.monotonic_ns())
     finally:
         sampler.stop()
+        child.kill()
+        child.wait()
     assert summary.available, summary.reason
     assert summary.samples == 2 and summary.rss_mb > 5 and summary.processes == 1
 
