@@ -111,7 +111,7 @@ def test_cpu_sampler_keeps_the_cpu_of_a_process_that_ended_in_the_window():
 
 
 def test_cpu_sampler_looks_the_process_table_up_once_a_while(monkeypatch):
-    """Finding a tree's processes reads every process on the host (~48 ms at ~1,000): once a
+    """Finding a tree's processes reads every process on the host (~24 ms at ~1,000): once a
     RESCAN_S, not at every sample; the samples between read only the processes known."""
     lookups = []
     real = psutil.Process.children

@@ -38,11 +38,12 @@ class CpuSampler(Sampler):
     """Samples the process `pid` and all its descendants.
 
     Finding the descendants reads every process's /proc entry (psutil's children() builds the
-    host's parent map): ~48 ms a time on a host with ~1,000 processes, half a core at 10 Hz, and
-    this thread runs on the load generator's CPUs. So the tree is looked up again only every
-    RESCAN_S, or less often where a lookup costs more (its cost stays under ~2% of a core); each
-    sample reads only the processes known. A worker's tree changes when a model loads (a python
-    instance's process), which is before a point's warm-up, not inside its window.
+    host's parent map): ~24 ms a time on a host with ~1,000 processes, a quarter of a core at
+    10 Hz (benchmarks/sampler_cost.py), and this thread runs on the load generator's CPUs. So
+    the tree is looked up again only every RESCAN_S, or less often where a lookup costs more
+    (its cost stays under ~2% of a core); each sample reads only the processes known. A
+    worker's tree changes when a model loads (a python instance's process), which is before a
+    point's warm-up, not inside its window.
 
     `cpu_time_s` is a counter that only grows: a process found by the first lookup counts from
     then, one found later all its CPU (it was born since the lookup before), and one that ends
