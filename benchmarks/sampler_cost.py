@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +84,7 @@ def main() -> None:
                 for _ in range(200):
                     if host_processes() >= target:
                         break
-                    subprocess.run(["sleep", "0.05"], check=True)
+                    time.sleep(0.05)
             names = list(trees)
             figures: dict[str, list[float]] = {name: [] for name in names}
             for r in range(args.rounds):

@@ -7,6 +7,7 @@ continuously, so windows cost nothing extra and a summary never waits for the ne
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -51,8 +52,14 @@ class Sampler(ABC):
         self.close()
 
     def window(self, t0: int, t1: int) -> list[Any]:
+        return [s for _, s in self.timed(t0, t1)[1]]
+
+    def timed(self, t0: int, t1: int) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
+        """(the last (t_ns, sample) before t0, as a list of at most one; those in [t0, t1])."""
         with self._lock:
-            return [s for t, s in self.samples if t0 <= t <= t1]
+            first = bisect.bisect_left(self.samples, t0, key=lambda pair: pair[0])
+            last = bisect.bisect_right(self.samples, t1, key=lambda pair: pair[0])
+            return self.samples[max(0, first - 1):first], self.samples[first:last]
 
     def available(self) -> bool:
         """False when the resource cannot be sampled here; summary() then says why."""

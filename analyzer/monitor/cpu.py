@@ -6,7 +6,6 @@ CPU is in percent of one core (200 = two cores busy), like `top`.
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 from dataclasses import dataclass
@@ -127,11 +126,7 @@ class CpuSampler(Sampler):
     def summary(self, t0: int, t1: int) -> CpuSummary:
         if not self.available():
             return CpuSummary(False, self.reason)
-        with self._lock:
-            first = bisect.bisect_left(self.samples, t0, key=lambda pair: pair[0])
-            last = bisect.bisect_right(self.samples, t1, key=lambda pair: pair[0])
-            timed = self.samples[first:last]
-            before = self.samples[first - 1:first] if first else []
+        before, timed = self.timed(t0, t1)
         if len(timed) < 2:
             # a window shorter than two intervals, or one this thread could not keep up with
             # (a starved core): the readings either side of it, the later one taken now, rather
