@@ -83,7 +83,7 @@ class TritonPythonModel:
         out = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            asked = ",".join(request.requested_output_names()).encode()
+            asked = ",".join(sorted(request.requested_output_names())).encode()  # a set
             out.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("Y", x * 2), pb_utils.Tensor("WRONG", x),
                 pb_utils.Tensor("ASKED", np.array([asked], dtype=np.object_))]))
@@ -271,7 +271,7 @@ def test_only_the_outputs_asked_for_or_declared_are_sent(worker):
                  for o in (result.get_response()["outputs"] if module is httpclient
                            else result.get_response().outputs)]  # fmt: skip
         assert sorted(names) == ["ASKED", "Y"] and result.as_numpy("Y").tolist() == [42]
-        assert result.as_numpy("ASKED").tolist() == [b"Y,ASKED"]  # what the model was told
+        assert result.as_numpy("ASKED").tolist() == [b"ASKED,Y"]  # what the model was told
         client.close()
 
 
@@ -412,6 +412,80 @@ def test_tensors_cross_dlpack_both_ways():
     assert capsule.as_numpy().tolist() == [0.0, 0.0]
 
 
+def test_bf16_and_read_only_tensors_cross_dlpack():
+    """Triton exports every tensor it holds through DLPack: BF16 (which numpy cannot export or
+    import) failed both ways and in triton_dtype(), and a read-only array (np.broadcast_to,
+    np.frombuffer of bytes) raised numpy's BufferError."""
+    import ml_dtypes
+    import torch
+
+    from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb
+
+    tensor = pb.Tensor("X", np.arange(4, dtype=ml_dtypes.bfloat16))
+    assert tensor.triton_dtype() == 14  # TYPE_BF16
+    shared = torch.from_dlpack(tensor)
+    assert shared.dtype == torch.bfloat16 and shared.tolist() == [0.0, 1.0, 2.0, 3.0]
+    shared[0] = 8.0  # the same memory
+    assert float(tensor.as_numpy()[0]) == 8.0
+    via_capsule = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    assert via_capsule.dtype == torch.bfloat16 and via_capsule.tolist() == [8.0, 1.0, 2.0, 3.0]
+    for source in (torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+                   torch.utils.dlpack.to_dlpack(torch.tensor([1.5, -2.0], dtype=torch.bfloat16))):
+        back = pb.Tensor.from_dlpack("Y", source)
+        assert back.as_numpy().dtype == ml_dtypes.bfloat16 and back.triton_dtype() == 14
+        assert back.as_numpy().astype(np.float32).tolist() == [1.5, -2.0]
+    for read_only in (np.broadcast_to(np.float32(3), (3,)),
+                      np.frombuffer(np.arange(3, dtype=np.int32).tobytes(), dtype=np.int32)):
+        assert not read_only.flags.writeable
+        assert torch.from_dlpack(pb.Tensor("R", read_only)).tolist() == read_only.tolist()
+    with pytest.raises(pb.TritonModelException, match="BYTES tensor cannot be exported"):
+        pb.Tensor("S", np.array([b"a"], dtype=np.object_)).to_dlpack()
+
+
+def test_pb_utils_module_helpers_match_tritons():
+    """TRITON_STRING_TO_NUMPY was missing; serialize_byte_tensor returned a uint8 array where
+    Triton's returns bytes (and None for a tensor that is not of objects or bytes)."""
+    from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb
+
+    assert pb.TRITON_STRING_TO_NUMPY["TYPE_FP32"] is np.float32
+    assert pb.TRITON_STRING_TO_NUMPY["TYPE_BOOL"] is bool
+    assert pb.triton_string_to_numpy("TYPE_STRING") is np.object_
+    packed = pb.serialize_byte_tensor(np.array([b"ab", "c", 5], dtype=np.object_))
+    assert packed == b"\x02\x00\x00\x00ab\x01\x00\x00\x00c\x01\x00\x00\x005"
+    assert pb.serialize_byte_tensor(np.array([b"xy"], dtype=np.bytes_)) == b"\x02\x00\x00\x00xy"
+    assert pb.serialize_byte_tensor(np.zeros(2, np.float32)) is None
+    assert pb.serialize_byte_tensor(np.array([], dtype=np.object_)) == ()
+    assert pb.deserialize_bytes_tensor(packed).tolist() == [b"ab", b"c", b"5"]
+
+
+def test_a_request_and_a_sender_check_their_arguments_as_tritons():
+    """InferenceRequest took any keyword (a misspelled `paramters=` was dropped without a word)
+    and any correlation id; requested_output_names() is a set, as Triton's; send() took any
+    flags with the final bit set as final, and a model that is not decoupled could send the
+    final flag alone first (its client then got "the model sent no response")."""
+    from analyzer.worker.backends.pb_utils import triton_python_backend_utils as pb
+
+    with pytest.raises(TypeError):
+        pb.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                            paramters={"a": 1})  # fmt: skip
+    with pytest.raises(pb.TritonModelException, match="Correlation ID must be integer or string"):
+        pb.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                            correlation_id=1.5)  # fmt: skip
+    request = pb.InferenceRequest(
+        "id", 7, [], ["B", "A", "B"], "m", -1, 0, 0,
+        pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU), pb.InferenceTrace(), {"k": "v"})
+    assert request.requested_output_names() == {"A", "B"}
+    assert json.loads(request.parameters()) == {"k": "v"} and request.correlation_id() == 7
+    sender = request.get_response_sender()
+    with pytest.raises(pb.TritonModelException, match="Unsupported flag provided"):
+        sender.send(pb.InferenceResponse(), flags=5)
+    with pytest.raises(pb.TritonModelException, match="final flag alone before its response"):
+        sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    sender.send(pb.InferenceResponse())
+    sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # Triton's second form
+    assert len(sender.responses) == 1 and sender.closed
+
+
 def test_a_bls_request_may_name_its_preferred_memory():
     """pb_utils.PreferredMemory and the TRITONSERVER_MEMORY_* names did not exist: a model that
     builds its BLS requests as Triton's README shows failed with an AttributeError."""
@@ -469,3 +543,100 @@ def test_is_cancelled_asks_the_worker_only_while_the_request_is_open():
     thread.join(10)
     for end in (stub.conn, worker, ours, theirs):
         end.close()
+
+
+PAIR = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):  # each answer: how many requests this call held
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "N", np.array([len(requests)], dtype=np.int32))]) for _ in requests]
+'''
+
+STARTER = '''
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        out = []
+        for request in requests:
+            call = lambda: pb_utils.InferenceRequest(
+                model_name="pair", requested_output_names=["N"],
+                inputs=[pb_utils.Tensor("X", np.zeros((1, 1), dtype=np.int32))])
+            first, second = call().async_exec(), call().async_exec()  # both under way now
+            assert asyncio.isfuture(first) and asyncio.isfuture(second)
+            done, _ = await asyncio.wait([first, second])  # a TypeError for coroutines
+            sizes = [int(pb_utils.get_output_tensor_by_name(f.result(), "N").as_numpy()[0])
+                     for f in (first, second)]
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("SIZES", np.array(sizes, dtype=np.int32))]))
+        return out
+'''
+
+HALVE = '''
+import torch
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):  # Triton's README form: torch through DLPack, both ways
+        out = []
+        for request in requests:
+            x = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, "X").to_dlpack())
+            assert x.dtype == torch.bfloat16
+            y = pb_utils.Tensor.from_dlpack("Y", torch.utils.dlpack.to_dlpack(x / 2))
+            out.append(pb_utils.InferenceResponse([y]))
+        return out
+'''
+
+
+def test_async_exec_starts_the_call_and_bf16_crosses_dlpack_in_a_served_model(tmp_path):
+    """async_exec() returned a coroutine: nothing was sent until it was awaited, so two calls
+    started one after the other ran one at a time (here: two batches of one, each after the
+    10 s queue delay), and asyncio.wait() refused them. Triton's returns a Future of a call
+    already under way. And a BF16 tensor through torch's DLPack, as a served model uses it."""
+    import ml_dtypes
+    repo = tmp_path / "repo"
+    for name, code in (("pair", PAIR), ("starter", STARTER), ("halve", HALVE)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(code)
+    (repo / "pair" / "config.pbtxt").write_text(
+        'name: "pair" backend: "python" max_batch_size: 2\n'
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }')
+    (repo / "starter" / "config.pbtxt").write_text(
+        'name: "starter" backend: "python" max_batch_size: 0\n'
+        'input [ { name: "GO" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "SIZES" data_type: TYPE_INT32 dims: [ 2 ] } ]')
+    (repo / "halve" / "config.pbtxt").write_text(
+        'name: "halve" backend: "python" max_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_BF16 dims: [ 3 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_BF16 dims: [ 3 ] } ]')
+    served = start_worker(repo)
+    try:
+        client = httpclient.InferenceServerClient(served.http)
+        go = httpclient.InferInput("GO", [1], "INT32")
+        go.set_data_from_numpy(np.array([1], np.int32))
+        assert client.infer("starter", [go]).as_numpy("SIZES").tolist() == [2, 2]
+        client.close()
+        values = np.array([3.0, -1.0, 0.5], ml_dtypes.bfloat16)
+        for module, address in ((httpclient, served.http), (grpcclient, served.grpc)):
+            # binary BF16 answers were 4-byte floats labelled BF16 over REST
+            with module.InferenceServerClient(address) as client:
+                x = module.InferInput("X", [3], "BF16")
+                x.set_data_from_numpy(values)
+                halved = client.infer("halve", [x]).as_numpy("Y")
+                assert halved.dtype == ml_dtypes.bfloat16, module
+                assert halved.astype(np.float32).tolist() == [1.5, -0.5, 0.25], module
+        with httpclient.InferenceServerClient(served.http) as client:  # JSON: exact as floats
+            x = httpclient.InferInput("X", [3], "BF16")
+            x.set_data_from_numpy(values)
+            wanted = [httpclient.InferRequestedOutput("Y", binary_data=False)]
+            answer = client.infer("halve", [x], outputs=wanted).get_response()["outputs"][0]
+            assert answer["datatype"] == "BF16" and answer["data"] == [1.5, -0.5, 0.25]
+    finally:
+        served.stop()

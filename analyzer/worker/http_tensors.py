@@ -366,9 +366,7 @@ def _encode_outputs(
             # no parameters: Triton's C++ client reads any it finds as binary data's
             entries.append(entry)
             continue
-        if wire == "BF16":  # JSON has no bfloat16; its values are exact as float32
-            array = array.astype(np.float32)
-        if params.get("binary_data", binary_default):
+        if params.get("binary_data", binary_default):  # BF16 too: 2 bytes each, as Triton's
             blob = tensor_to_bytes(array, wire)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
@@ -378,8 +376,8 @@ def _encode_outputs(
                 v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
                 for v in array.ravel()
             ]
-        else:
-            entry["data"] = array.ravel().tolist()
+        else:  # JSON has no bfloat16: its values are exact as float32
+            entry["data"] = (array.astype(np.float32) if wire == "BF16" else array).ravel().tolist()
         entries.append(entry)
     header: dict[str, Any] = {
         "model_name": model.name,

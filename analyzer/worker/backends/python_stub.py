@@ -607,11 +607,10 @@ class BlsClient:
             self.streams[number] = deque()
         return ResponseIterator(self, number, request)
 
-    async def call_async(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        """async_exec(): send, then wait on a future the channel's reader resolves."""
-        import asyncio  # here, not at the top: see Stub.call_loop
-
-        loop = asyncio.get_running_loop()
+    def call_async(self, request: pb_utils.InferenceRequest,
+                   loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any]:  # fmt: skip
+        """async_exec(): sent now; a task on `loop` waits for the future the channel's reader
+        resolves (an InferenceResponse), so the call is under way before the model awaits it."""
         future: asyncio.Future[Message] = loop.create_future()
         number = self.send(request)
         with self.cond:
@@ -622,6 +621,12 @@ class BlsClient:
             else:
                 self.futures[number] = (future, loop)
         self._watch(loop)
+        return loop.create_task(self._reply(number, future, request))
+
+    async def _reply(self, number: int, future: asyncio.Future[Message],
+                     request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:  # fmt: skip
+        import asyncio  # here, not at the top: see Stub.call_loop
+
         try:
             reply = await asyncio.wait_for(future, _seconds(request))
         except TimeoutError:

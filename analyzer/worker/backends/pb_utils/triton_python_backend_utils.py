@@ -27,8 +27,9 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
-_TRITON_TO_NUMPY: dict[str, Any] = {
-    "TYPE_BOOL": np.bool_,
+# public, as in Triton's module (models read it directly)
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
     "TYPE_UINT8": np.uint8,
     "TYPE_UINT16": np.uint16,
     "TYPE_UINT32": np.uint32,
@@ -50,14 +51,14 @@ _WIRE_CODES = {
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
-    return _TRITON_TO_NUMPY[triton_type_string]
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
 
 
 def numpy_to_triton_string(dtype: DTypeLike) -> str:
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):
         return "TYPE_STRING"
-    for name, np_type in _TRITON_TO_NUMPY.items():
+    for name, np_type in TRITON_STRING_TO_NUMPY.items():
         if np.dtype(np_type) == dtype:
             return name
     raise ValueError(f"numpy dtype {dtype} has no Triton type")
@@ -71,7 +72,7 @@ def triton_to_numpy_type(data_type: int) -> Any:
     for wire, code in _WIRE_CODES.items():
         if code == data_type:
             name = "TYPE_STRING" if wire == "BYTES" else f"TYPE_{wire}"
-            return _TRITON_TO_NUMPY.get(name)
+            return TRITON_STRING_TO_NUMPY.get(name)
     return None
 
 
@@ -82,17 +83,19 @@ def numpy_to_triton_type(data_type: DTypeLike) -> int | None:
         return None
 
 
-def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | tuple[()]:
-    """Triton's length-prefixed layout, returned as a 1-D uint8 array (like Triton's helper);
-    () for an empty tensor. An element that is not bytes is written as its str() in UTF-8, as
-    Triton's: bytes(5) made five zero bytes of the number 5."""
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
+    """Triton's length-prefixed layout of an object or np.bytes_ tensor, in C order, as `bytes`
+    (what Triton's helper returns); () for an empty tensor, None for any other dtype. An object
+    element that is not bytes is written as its str() in UTF-8, as Triton's."""
     if input_tensor.size == 0:
         return ()
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
+        return None
     parts = []
     for item in input_tensor.ravel(order="C"):
         data = item if isinstance(item, bytes) else str(item).encode("utf-8")
         parts.append(struct.pack("<I", len(data)) + data)
-    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+    return b"".join(parts)
 
 
 def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
@@ -153,17 +156,33 @@ class Tensor:
         return list(self._array.shape)
 
     def triton_dtype(self) -> int:
+        if _is_bf16(self._array.dtype):
+            return _WIRE_CODES["BF16"]
         return _WIRE_CODES[_wire_of(self._array.dtype)]
 
     def is_cpu(self) -> bool:
         return True
 
     def to_dlpack(self) -> Any:
-        return self._array.__dlpack__()
+        return self.__dlpack__()
 
     def __dlpack__(self, stream: Any = None) -> Any:
-        """The DLPack protocol, so that torch.from_dlpack(tensor) reads it without a copy."""
-        return self._array.__dlpack__()
+        """The DLPack protocol, so that torch.from_dlpack(tensor) reads it without a copy.
+        Triton exports any tensor it holds: numpy refuses read-only arrays (a model's
+        np.broadcast_to, np.frombuffer of bytes), which are exported from a copy, and BF16,
+        which DLPack carries but numpy cannot, goes through torch."""
+        array = self._array
+        if array.dtype == np.object_:
+            raise TritonModelException(f"tensor '{self._name}': a BYTES tensor cannot be "
+                                       "exported through DLPack")  # fmt: skip
+        if not array.flags.writeable:
+            array = array.copy()
+        if _is_bf16(array.dtype):
+            import torch
+
+            shared = torch.from_numpy(array.view(np.int16))  # the same bits, shared
+            return shared.view(torch.bfloat16).__dlpack__()
+        return array.__dlpack__()
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU: the worker's tensors are host memory
@@ -172,13 +191,30 @@ class Tensor:
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
         """A tensor from any DLPack producer. Host memory is shared; a GPU tensor (a model's
         torch CUDA output, as Triton's GPU models return them) is copied to host memory, where
-        the worker's tensors live."""
+        the worker's tensors live. BF16, which numpy cannot import, comes through torch as
+        ml_dtypes' bfloat16, the worker's BF16 arrays."""
         device = getattr(dlpack_tensor, "__dlpack_device__", None)
         if device is not None and device()[0] == 1:  # kDLCPU
-            return Tensor(name, np.from_dlpack(dlpack_tensor))
+            try:
+                return Tensor(name, np.from_dlpack(dlpack_tensor))
+            except (BufferError, RuntimeError, TypeError):  # a dtype numpy has no DLPack for
+                pass
+        import torch
         import torch.utils.dlpack
 
-        return Tensor(name, torch.utils.dlpack.from_dlpack(dlpack_tensor).cpu().numpy())
+        tensor = (dlpack_tensor if isinstance(dlpack_tensor, torch.Tensor)
+                  else torch.utils.dlpack.from_dlpack(dlpack_tensor))  # fmt: skip
+        tensor = tensor.detach().cpu()
+        if tensor.dtype == torch.bfloat16:
+            import ml_dtypes
+
+            bits = tensor.contiguous().view(torch.int16).numpy()
+            return Tensor(name, bits.view(ml_dtypes.bfloat16))
+        return Tensor(name, tensor.numpy())
+
+
+def _is_bf16(dtype: np.dtype) -> bool:
+    return dtype.name == "bfloat16"  # ml_dtypes' (imported by the stub only where installed)
 
 
 class InferenceResponse:
@@ -237,9 +273,15 @@ class InferenceResponseSender:
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self.closed:
             raise TritonModelException("response sender is already closed")
-        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):  # Triton's rule
+            raise TritonModelException(f"Unsupported flag provided: {flags!r} (send() takes 0 "
+                                       "or TRITONSERVER_RESPONSE_COMPLETE_FINAL)")  # fmt: skip
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if response is None and not final:
             raise TritonModelException("send() needs a response, the final flag, or both")
+        if response is None and self._emit is None and not self.responses:
+            raise TritonModelException("a model that is not decoupled cannot send the final "
+                                       "flag alone before its response")  # fmt: skip
         if final:
             self.closed = True
         if self._emit is not None:
@@ -297,13 +339,20 @@ class InferenceRequest:
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
         parameters: Any = None,
-        **_ignored: Any,
     ) -> None:
+        # Triton's order and names: a misspelled keyword is a TypeError there too.
+        # preferred_memory and trace are accepted as Triton's: outputs come back to host memory
+        # and the worker does not trace
+        if not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
         self._id = request_id
         self._correlation_id = correlation_id
         self._inputs = list(inputs or [])
-        self._requested = list(requested_output_names or [])
+        # a set in Triton; kept in the caller's order for the worker, without repeats
+        self._requested = list(dict.fromkeys(requested_output_names or []))
         self._model_name = model_name
         self._model_version = int(model_version)
         self._flags = flags
@@ -336,8 +385,8 @@ class InferenceRequest:
     def parameters(self) -> str:
         return self._parameters
 
-    def requested_output_names(self) -> list[str]:
-        return self._requested
+    def requested_output_names(self) -> set[str]:
+        return set(self._requested)
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -377,12 +426,19 @@ class InferenceRequest:
             return _bls().call_decoupled(self)
         return _bls().call(self)
 
-    async def async_exec(self, decoupled: bool = False) -> Any:
-        """BLS, awaitable: several calls gathered run side by side; `decoupled`: an iterator
-        over the responses (a plain one, as Triton's)."""
+    def async_exec(self, decoupled: bool = False) -> Any:
+        """BLS, awaitable: sent at once, as Triton's (which runs exec() in the running loop's
+        executor), and returned as an asyncio Future of the response (`decoupled`: of an
+        iterator over the responses), so calls started one after another run side by side
+        before any is awaited. Outside a running event loop: RuntimeError, as Triton's."""
+        import asyncio  # not at the top: the stub imports asyncio only for a model that uses it
+
+        loop = asyncio.get_running_loop()
         if decoupled:
-            return _bls().call_decoupled(self)
-        return await _bls().call_async(self)
+            future = loop.create_future()
+            future.set_result(_bls().call_decoupled(self))
+            return future
+        return _bls().call_async(self, loop)
 
 
 _bls_client: Any = None  # the stub's BlsClient, set when the stub starts
