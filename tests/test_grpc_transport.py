@@ -355,3 +355,204 @@ def test_not_http2_is_closed(worker):
         check_add_sub(response)
     finally:
         peer.close()
+
+
+def _indexed(name: bytes, value: bytes) -> bytes:
+    """An HPACK literal with incremental indexing and a new name (RFC 7541 6.2.1), short
+    lengths only."""
+    assert len(name) < 127
+    length = (bytes([len(value)]) if len(value) < 127
+              else bytes([127]) + _varint(len(value) - 127))  # fmt: skip
+    return b"\x40" + bytes([len(name)]) + name + length + value
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 128:
+        out.append(n % 128 + 128)
+        n //= 128
+    return bytes([*out, n])
+
+
+def test_a_few_bytes_naming_a_large_table_entry_again_are_held_to_the_header_cap(worker):
+    """A header block of at most 64 bytes that only names table entries took a shortcut that
+    skipped the header-list cap: 64 bytes naming a 3,900-byte entry 61 times were a 240 KB head,
+    served, and kept (64 per connection: 15 MB a connection). Now the decoder's cap holds."""
+    path = b"/inference.GRPCInferenceService/ServerLive"
+    seed = (b"\x83" + _indexed(b":path", path) + _indexed(b"content-type", b"application/grpc")
+            + _indexed(b"x", b"A" * 3900))  # fmt: skip
+    peer = Peer(worker.grpc)
+    try:
+        peer.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, seed))
+        assert peer.until(ends(1))[-1][3][b"grpc-status"] == b"3"  # no request message: answered
+        # :method POST, then the table's newest three: :path (64), content-type (63), x (62)
+        block = bytes([0x83, 0xC0, 0xBF]) + bytes([0xBE]) * 61
+        peer.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, block))
+        kind, _, _, payload = peer.until(lambda f: f[0] == GOAWAY)[-1]
+        assert struct.unpack(">I", payload[4:8])[0] == 9  # COMPRESSION_ERROR
+        assert b"A header list larger than" in payload[8:]
+    finally:
+        peer.close()
+
+
+def test_a_status_message_quoting_a_long_client_value_is_cut(worker):
+    """Messages that quote a client's value (here a datatype of 20,000 characters) went out
+    whole in one trailers frame: grpcio refused the 20 KB header ("received metadata size
+    exceeds hard limit"), and past 16 MiB the frame could not be written (a traceback, the
+    connection closed with no status for the call)."""
+    request = pb.ModelInferRequest(model_name="add_sub")
+    request.inputs.add(name="INPUT0", datatype="X" * 20_000, shape=[1, 4])
+    body = request.SerializeToString()
+    peer = Peer(worker.grpc)
+    try:
+        peer.send(frame(HEADERS, END_HEADERS, 1, peer.request_headers()),
+                  frame(DATA, END_STREAM, 1, b"\x00" + struct.pack(">I", len(body)) + body))
+        trailers = peer.until(ends(1))[-1][3]
+        assert trailers[b"grpc-status"] == b"3"  # INVALID_ARGUMENT
+        message = trailers[b"grpc-message"]
+        assert message.endswith(b"...") and len(message) <= 3 * 1024, len(message)
+    finally:
+        peer.close()
+
+
+def _data_frames(stream: int, message: bytes, end: bool, size: int = 16_384) -> list[bytes]:
+    pieces = [message[i : i + size] for i in range(0, len(message), size)]
+    return [frame(DATA, END_STREAM if end and i == len(pieces) - 1 else 0, stream, piece)
+            for i, piece in enumerate(pieces)]  # fmt: skip
+
+
+def test_whole_messages_of_calls_that_do_not_end_count_in_the_buffered_total():
+    """A unary call's message that had arrived whole was held outside --http-max-buffered-size
+    until its stream ended: calls that never ended held any number of messages of up to the
+    message cap each until the header timeout (10 calls of 12 MiB against a 16 MB total)."""
+    served = start_worker(EXAMPLES, "--http-max-buffered-size", "1MB")
+    peer = Peer(served.grpc)
+    try:
+        request = pb.ModelInferRequest(model_name="add_sub", id="x" * 600_000)
+        body = request.SerializeToString()
+        message = b"\x00" + struct.pack(">I", len(body)) + body
+        for stream in (1, 3):
+            peer.send(frame(HEADERS, END_HEADERS, stream, peer.request_headers()),
+                      *_data_frames(stream, message, end=False))  # fmt: skip
+        trailers = peer.until(lambda f: f[0] == HEADERS and f[2] == 3)[-1][3]
+        assert trailers[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
+        assert b"half-received" in trailers[b"grpc-message"]
+        peer.send(frame(HEADERS, END_HEADERS, 5, peer.request_headers()),
+                  frame(DATA, END_STREAM, 5, add_sub_message()))  # fmt: skip
+        response, _ = answer(peer.until(ends(5)), 5)
+        check_add_sub(response)  # the connection still serves
+    finally:
+        peer.close()
+        served.stop()
+
+
+def test_a_stream_message_larger_than_the_stream_window_arrives(worker):
+    """A ModelStreamInfer message's window came back only once the message was whole, so one
+    larger than the stream's window (8 MiB) never arrived: the call hung until its deadline."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    request = pb.ModelInferRequest.FromString(add_sub_message(2.0, 5.0)[5:])
+    request.id = "i" * (9 << 20)
+    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    with grpc.insecure_channel(worker.grpc, options=options) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answers = list(stub.ModelStreamInfer(iter([request]), timeout=60))
+    assert len(answers) == 1 and not answers[0].error_message
+    assert len(answers[0].infer_response.id) == 9 << 20
+    check_add_sub(answers[0].infer_response, 2.0, 5.0)
+
+
+def test_a_stream_message_that_stops_half_way_times_out():
+    """ModelStreamInfer streams were exempt from the header timeout, so a message that stopped
+    arriving half-way held its bytes in the worker's total for as long as the client liked."""
+    served = start_worker(EXAMPLES, "--http-header-timeout", "1")
+    peer = Peer(served.grpc)
+    try:
+        peer.send(frame(HEADERS, END_HEADERS, 1, peer.request_headers("ModelStreamInfer")),
+                  frame(DATA, 0, 1, b"\x00" + struct.pack(">I", 1 << 20) + b"x" * 10_000))
+        trailers = peer.until(lambda f: f[0] == HEADERS and f[2] == 1)[-1][3]
+        assert trailers[b"grpc-status"] == b"4"  # DEADLINE_EXCEEDED
+        assert b"did not arrive in time" in trailers[b"grpc-message"]
+    finally:
+        peer.close()
+        served.stop()
+
+
+def test_a_connection_sent_away_that_reads_nothing_is_dropped():
+    """GOAWAY then close(), which waits until the client has read what was written: a client
+    that read nothing kept its connection open for ever, counted at the connection cap (one
+    such client kept every newcomer out). It is now dropped after a grace period."""
+    served = start_worker(EXAMPLES, "--http-max-connections", "1", "--http-idle-timeout", "1")
+    host, port = served.grpc.rsplit(":", 1)
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        stuck.connect((host, int(port)))
+        settings = struct.pack(">HI", 4, (1 << 31) - 1)  # SETTINGS_INITIAL_WINDOW_SIZE
+        stuck.sendall(PREFACE + frame(SETTINGS, 0, 0, settings)
+                      + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65535)))
+        encoder = Encoder()
+        request = pb.ModelInferRequest.FromString(add_sub_message()[5:])
+        request.id = "x" * (1 << 20)  # answered with the id: 1 MiB an answer
+        body = request.SerializeToString()
+        message = b"\x00" + struct.pack(">I", len(body)) + body
+        head = encoder.encode([(":method", "POST"), (":scheme", "http"),
+                               (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                               (":authority", "x"), ("content-type", "application/grpc")])
+        for stream in range(1, 16, 2):  # 8 MiB of answers that nobody reads
+            stuck.sendall(frame(HEADERS, END_HEADERS, stream, head)
+                          + b"".join(_data_frames(stream, message, end=True)))
+        time.sleep(3)  # idle after its answers, so sent away (not made room for a newcomer)
+        deadline = time.monotonic() + 60
+        while True:  # the newcomer waits for it to go
+            peer = Peer(served.grpc)
+            try:
+                peer.send(frame(HEADERS, END_HEADERS, 1, peer.request_headers()),
+                          frame(DATA, END_STREAM, 1, add_sub_message()))  # fmt: skip
+                got = peer.until(lambda f: f[0] == GOAWAY or ends(1)(f), 10)[-1]
+            except (AssertionError, OSError):
+                got = (GOAWAY,)
+            finally:
+                peer.close()
+            if got[0] != GOAWAY:
+                break
+            assert time.monotonic() < deadline, "the connection that reads nothing stayed"
+            time.sleep(1)
+    finally:
+        stuck.close()
+        served.stop()
+
+
+def test_a_settings_change_that_overflows_a_streams_window_ends_the_connection(worker):
+    """RFC 9113 6.9.2: a SETTINGS_INITIAL_WINDOW_SIZE change that takes a stream's window past
+    2^31-1 is a connection error (FLOW_CONTROL_ERROR); it was taken silently."""
+    peer = Peer(worker.grpc)
+    try:
+        peer.send(frame(HEADERS, END_HEADERS, 1, peer.request_headers()),
+                  frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", (1 << 31) - 1 - 65535)),
+                  frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 65536)))  # fmt: skip
+        payload = peer.until(lambda f: f[0] == GOAWAY)[-1][3]
+        assert struct.unpack(">I", payload[4:8])[0] == 3  # FLOW_CONTROL_ERROR
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("damage", ["cut", "extra"])
+def test_a_compressed_message_cut_short_or_with_bytes_after_it_is_refused(worker, damage):
+    """A gzip message without its last bytes (its checksum and length) was inflated as far as
+    it went and served; bytes after a message's end were ignored."""
+    import gzip
+
+    packed = gzip.compress(add_sub_message()[5:])
+    packed = packed[:-8] if damage == "cut" else packed + b"junk"
+    peer = Peer(worker.grpc)
+    try:
+        headers = peer.request_headers(extra=[("grpc-encoding", "gzip")])
+        peer.send(frame(HEADERS, END_HEADERS, 1, headers),
+                  frame(DATA, END_STREAM, 1, b"\x01" + struct.pack(">I", len(packed)) + packed))
+        trailers = peer.until(ends(1))[-1][3]
+        assert trailers[b"grpc-status"] == b"13"  # INTERNAL, as grpcio's
+        assert b"cannot decompress the message" in trailers[b"grpc-message"]
+    finally:
+        peer.close()

@@ -62,6 +62,12 @@ _ANSWER_HEAD = struct.Struct(f">xHBBI{_HEADERS_LENGTH}sBHBBIxI")
 _OK_TRAILERS_FRAME = _FRAME.pack(0, len(_OK_TRAILERS), HEADERS, END_HEADERS | END_STREAM, 0)[:5]
 
 
+# the most of a status message sent: messages may quote what a client sent (a datatype, a
+# tensor's name), and trailers go in one HEADERS frame, which the client's frame and header
+# list limits bound (grpcio refuses metadata over 16 KiB; frame() cannot say 16 MiB or more)
+MAX_STATUS_MESSAGE = 1024
+
+
 def _status_block(code: int, message: str) -> bytes:
     block = _literal(b"grpc-status", str(code).encode())
     if message:
@@ -70,9 +76,14 @@ def _status_block(code: int, message: str) -> bytes:
 
 
 def _percent(text: str) -> bytes:
-    """grpc-message is percent-encoded UTF-8 (gRPC over HTTP/2 spec)."""
+    """grpc-message is percent-encoded UTF-8 (gRPC over HTTP/2 spec), cut to
+    MAX_STATUS_MESSAGE bytes before encoding (at most three times that once encoded)."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) > MAX_STATUS_MESSAGE:
+        cut = MAX_STATUS_MESSAGE - 3
+        raw = raw[:cut].decode("utf-8", "ignore").encode("utf-8") + b"..."
     out = bytearray()
-    for byte in text.encode("utf-8", "replace"):
+    for byte in raw:
         if 0x20 <= byte <= 0x7E and byte != 0x25:
             out.append(byte)
         else:
@@ -110,6 +121,9 @@ class CallHandling(ConnectionState):
     def _unary(self, stream: Stream) -> None:
         data = stream.message
         stream.message = None
+        if stream.held:
+            self.server.buffered -= stream.held
+            stream.held = 0
         if stream.method == INFER_METHOD:
             self._infer(stream, data)
             return
@@ -361,6 +375,9 @@ class CallHandling(ConnectionState):
         if left:
             self.server.buffered -= left
             stream.buf = bytearray()
+        if stream.held:  # a whole unary message, waiting for its stream's end
+            self.server.buffered -= stream.held
+            stream.held = 0
         return left
 
     def _release(self, stream: Stream) -> None:

@@ -40,6 +40,9 @@ from analyzer.http2 import hpack_int as _hpack_int
 from analyzer.worker.grpc_requests import RequestReading
 from analyzer.worker.grpc_state import ConnectionFault
 
+# seconds a connection sent away may take to read its last frames before it is dropped
+GOAWAY_GRACE_S = 10.0
+
 
 class FrameHandling(RequestReading):
     """Dispatches a connection's frames (see the module's docstring)."""
@@ -100,6 +103,8 @@ class FrameHandling(RequestReading):
                 self.peer_initial_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:  # RFC 9113 6.9.2: a connection error
+                        raise ConnectionFault(FLOW_CONTROL_ERROR, "a stream's window overflowed")
             elif key == S_MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME <= value <= (1 << 24) - 1:
                     raise ConnectionFault(PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
@@ -143,3 +148,8 @@ class FrameHandling(RequestReading):
         self._emit(_frame(GOAWAY, 0, 0, payload))
         self._flush()
         self.transport.close()
+        # close() waits for the client to read what is written: one that reads nothing kept
+        # its socket (and, at the connection cap, a newcomer's place) for ever
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(GOAWAY_GRACE_S, self.transport.abort)

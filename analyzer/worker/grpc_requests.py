@@ -83,10 +83,19 @@ class RequestReading(CallHandling):
         table = self.decoder.header_table
         if len(block) <= 64 and all(0x80 < b < 0xFF for b in block):  # indexed fields only
             try:
-                head = _head([table.get_by_index(b & 0x7F) for b in block])
+                fields = [table.get_by_index(b & 0x7F) for b in block]
             except HPACKError as err:
                 raise ConnectionFault(COMPRESSION_ERROR, str(err)) from None
-            if len(self.blocks) < 64:
+            # the cap the HPACK decoder applies (RFC 7541 sizes): a few bytes naming large
+            # table entries again and again expand to any size
+            size = sum(len(name) + len(value) + 32 for name, value in fields)
+            limit = self.limits.max_header_bytes
+            if size > limit:
+                why = f"A header list larger than {limit} has been received"
+                raise ConnectionFault(COMPRESSION_ERROR, why)
+            head = _head(fields)
+            # kept: a client's usual call heads, small and few; not any head a client invents
+            if size <= _KEPT_HEAD_BYTES and len(self.blocks) < _KEPT_HEADS:
                 self.blocks[block] = head
             return head
         try:
@@ -202,6 +211,7 @@ class RequestReading(CallHandling):
             self.return_window(stream, n - (end - start))
             if end > start:
                 self._take(stream, payload[start:end])
+                self._partial(stream)
         if flags & END_STREAM:
             self._remote_end(stream)
 
@@ -227,6 +237,8 @@ class RequestReading(CallHandling):
             size = _U32.unpack_from(chunk, 1)[0]
             if chunk[0] == 0 and len(chunk) == 5 + size <= self.limits.grpc_max_message_bytes:
                 stream.message = bytes(chunk[5:])
+                if not stream.remote_done:
+                    self._count_message(stream)
                 return
         before = len(buf)
         buf += chunk
@@ -249,7 +261,9 @@ class RequestReading(CallHandling):
             del buf[: 5 + size]
             server.buffered -= 5 + size
             if stream.inbox is not None:  # inflated when the service takes it
-                if not stream.inbox.put(message, 5 + size, compressed):
+                given = min(stream.early, 5 + size)  # its window given back while it arrived
+                stream.early -= given
+                if not stream.inbox.put(message, 5 + size, compressed, 5 + size - given):
                     self._refuse(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  "the worker is holding too many received requests")  # fmt: skip
                     return
@@ -262,10 +276,40 @@ class RequestReading(CallHandling):
                     return
             if stream.message is None:
                 stream.message = message
+                if not stream.remote_done:
+                    self._count_message(stream)
             else:
                 self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED,
                              "a unary call got more than one request message")  # fmt: skip
                 return
+
+    def _partial(self, stream: Stream) -> None:
+        """A stream's message still arriving gets its window back as it comes (the bytes count
+        in the server's total, and the message cap bounds them): held back until the message
+        was whole, a message larger than the stream's window never arrived. Its start is
+        noted for the header timeout."""
+        waiting = len(stream.buf)
+        if not waiting:
+            stream.partial_since = 0.0
+            return
+        if not stream.partial_since:
+            stream.partial_since = time.monotonic()
+        if waiting > stream.early:
+            self.return_window(stream, waiting - stream.early)
+            stream.early = waiting
+
+    def _count_message(self, stream: Stream) -> None:
+        """A unary call's whole message before its stream ends counts with the half-received
+        bytes: it waited uncounted, so calls that never ended held any number of messages of
+        up to the cap each until the header timeout."""
+        assert stream.message is not None
+        size = 5 + len(stream.message)
+        server = self.server
+        server.buffered += size
+        stream.held = size
+        if server.buffered > self.limits.max_buffered_bytes:
+            self._refuse(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         "the worker is holding too many half-received requests")  # fmt: skip
 
     def inflate(self, stream: Stream, message: bytes) -> bytes:
         """A compressed message inflated; Uninflatable when it cannot be decompressed or is
@@ -285,6 +329,10 @@ class RequestReading(CallHandling):
             raise Uninflatable(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"Received message larger than max (more than {limit} bytes "
                                "once decompressed)")  # fmt: skip
+        if not inflater.eof or inflater.unused_data:  # cut short, or bytes after its end
+            raise Uninflatable(grpc.StatusCode.INTERNAL, "cannot decompress the message: "
+                               + ("it ends early" if not inflater.eof
+                                  else "bytes follow its end"))  # fmt: skip
         return data
 
     def _remote_end(self, stream: Stream) -> None:
@@ -308,6 +356,12 @@ class RequestReading(CallHandling):
             self._emit(_frame(WINDOW_UPDATE, 0, stream.id, _U32.pack(stream.owed)))
             stream.window += stream.owed
             stream.owed = 0
+
+
+# all-indexed header blocks decoded once per connection (while HPACK's table holds): a call's
+# head is a few hundred bytes, and a client uses a handful of them (one per method and metadata)
+_KEPT_HEADS = 16
+_KEPT_HEAD_BYTES = 2048
 
 
 def _head(headers: Iterable[tuple[bytes, bytes]]) -> Head:

@@ -201,9 +201,14 @@ class _Connection(FrameHandling, asyncio.Protocol):
             self.go_away(NO_ERROR, "idle")
             return
         for stream in list(self.streams.values()):
-            if not stream.remote_done and stream.inbox is None and (
-                now - stream.started >= limits.header_timeout_s
-            ):
+            if stream.remote_done:
+                continue
+            if stream.inbox is None:  # a unary call, from its start
+                late = now - stream.started >= limits.header_timeout_s
+            else:  # a stream may stay open; a message that began arriving must end
+                late = bool(stream.partial_since) and (
+                    now - stream.partial_since >= limits.header_timeout_s)
+            if late:
                 self._refuse(stream, grpc.StatusCode.DEADLINE_EXCEEDED,
                              "the request did not arrive in time")  # fmt: skip
         self._arm(min(limits.header_timeout_s, limits.idle_timeout_s) / 3)

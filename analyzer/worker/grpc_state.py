@@ -63,23 +63,25 @@ class Inbox:
 
     def __init__(self, conn: RequestReading, stream: Stream) -> None:
         self.conn, self.stream = conn, stream
-        # (message as it came, bytes it took on the wire, whether it is compressed)
-        self.items: deque[tuple[bytes, int, int]] = deque()
+        # (message as it came, bytes it took on the wire, whether it is compressed, window
+        # still to give back when it is taken)
+        self.items: deque[tuple[bytes, int, int, int]] = deque()
         self.held = 0  # what the items count in the server's `buffered`
         self.ended = False
         self.error: str | None = None
         self.status = grpc.StatusCode.INVALID_ARGUMENT  # the stream's status with `error`
         self.waiter: asyncio.Future[None] | None = None
 
-    def put(self, message: bytes, wire: int, compressed: int) -> bool:
-        """Queue one message; False when the worker holds too much already (not queued)."""
+    def put(self, message: bytes, wire: int, compressed: int, owed: int) -> bool:
+        """Queue one message (`owed`: its bytes whose window comes back when it is taken);
+        False when the worker holds too much already (not queued)."""
         cost = wire + self.OVERHEAD
         server = self.conn.server
         if server.buffered + cost > self.conn.limits.max_buffered_bytes:
             return False
         server.buffered += cost
         self.held += cost
-        self.items.append((message, wire, compressed))
+        self.items.append((message, wire, compressed, owed))
         self._wake()
         return True
 
@@ -111,11 +113,11 @@ class Inbox:
                 raise StopAsyncIteration
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
-        message, wire, compressed = self.items.popleft()
+        message, wire, compressed, owed = self.items.popleft()
         cost = wire + self.OVERHEAD
         self.held -= cost
         self.conn.server.buffered -= cost
-        self.conn.return_window(self.stream, wire)
+        self.conn.return_window(self.stream, owed)
         if compressed:
             try:
                 message = self.conn.inflate(self.stream, message)
@@ -131,7 +133,7 @@ class Stream:
     __slots__ = (
         "id", "method", "metadata", "encoding", "buf", "message", "inbox", "task", "cancel",
         "timer", "send_window", "out", "trailers", "headers_sent", "remote_done", "answered",
-        "window", "owed", "counted", "started", "drained",
+        "window", "owed", "counted", "started", "drained", "held", "early", "partial_since",
     )  # fmt: skip
 
     def __init__(self, stream_id: int, send_window: int) -> None:
@@ -156,6 +158,11 @@ class Stream:
         self.counted = False
         self.started = time.monotonic()
         self.drained: asyncio.Future[None] | None = None
+        self.held = 0  # bytes of `message` counted in the server's `buffered` (not ended yet)
+        # a ModelStreamInfer stream's message still arriving: bytes of it whose window was
+        # given back, and since when it has been arriving (0: none)
+        self.early = 0
+        self.partial_since = 0.0
 
 
 class ConnectionState(CoalescedWrites):
