@@ -3,16 +3,21 @@ the connection caps bound requests in number, not in bytes."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from serving import python_models, start_worker
 from tritonclient.utils import InferenceServerException
 
+from analyzer.worker.errors import InferError
 from analyzer.worker.limits import HeldBytes
 from analyzer.worker.request import ELEMENT_OVERHEAD, input_bytes
 
 SLOW = '''
+import time
+
 import time
 
 import numpy as np
@@ -72,3 +77,59 @@ def test_requests_past_the_cap_are_refused_until_the_held_ones_are_answered(work
         assert [int(p.get_result().as_numpy("OUT")[0]) for p in pending] == [quarter] * 3
         # all answered: their bytes are free again
         assert int(client.infer("slow", [_input(quarter)]).as_numpy("OUT")[0]) == quarter
+
+
+def test_each_request_counts_what_the_worker_holds_of_it_besides_its_inputs():
+    from analyzer.worker.limits import REQUEST_OVERHEAD
+    from analyzer.worker.request import InferRequest
+
+    held = HeldBytes(64 * 1024)
+    tiny = [InferRequest("m", {"IN": np.ones(1, np.float32)}, {"IN": "FP32"}, None,
+                         lambda outputs, error: None) for _ in range(22)]
+    for request in tiny[:21]:
+        held.admit(request)
+    assert held.held == 21 * (4 + REQUEST_OVERHEAD)
+    with pytest.raises(InferError, match="--max-queued-size"):
+        held.admit(tiny[21])
+    held.release(tiny[0])
+    held.admit(tiny[21])
+
+
+def test_tiny_requests_are_bounded_in_number_too(tmp_path):
+    """A request's inputs were all that counted: a queued request of one INT32 counted 4 bytes
+    while the worker held ~3 KB for it, and a client that cancels frees its connection or call
+    slot while its request waits, so tiny requests at a slow model grew the queue without
+    bound. Each request now counts REQUEST_OVERHEAD too: 64 KiB hold 21."""
+    import json
+    import select
+    import socket
+
+    python_models(tmp_path, {"slow": SLOW},
+                  'max_batch_size: 0\n'
+                  'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                  'output [ { name: "OUT" data_type: TYPE_INT64 dims: [ 1 ] } ]\n')
+    served = start_worker(tmp_path, "--max-queued-size", "64KB")
+    host, port = served.http.rsplit(":", 1)
+    body = json.dumps({"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1],
+                                   "data": [1.0]}]}).encode()  # fmt: skip
+    request = (b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+               % len(body) + body)  # fmt: skip
+    sockets = []
+    try:
+        for _ in range(30):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(request)
+            sockets.append(sock)
+        refused, waiting, end = 0, list(sockets), time.monotonic() + 5
+        while waiting and time.monotonic() < end:
+            ready, _, _ = select.select(waiting, [], [], 1)
+            for sock in ready:
+                waiting.remove(sock)
+                head = sock.recv(4096)
+                refused += head.startswith(b"HTTP/1.1 503") and b"--max-queued-size" in head
+        # 21 x 3 KiB (plus 4 bytes each) fit in 64 KiB; the model may answer one meanwhile
+        assert 1 <= refused <= 30 - 21, refused
+    finally:
+        for sock in sockets:
+            sock.close()
+        served.stop()

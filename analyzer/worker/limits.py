@@ -86,8 +86,9 @@ class Limits:
     # what the queues hold: the connections' caps bound requests in count, not in bytes (64
     # pipelined 64 MiB requests on each of 4,096 connections), so their inputs have a total too
     max_queued_bytes: int = cap(4 << 30, "--max-queued-size", "bytes",
-                                "Input bytes of the requests accepted and not yet answered, all "
-                                "models together (503 / UNAVAILABLE beyond).")
+                                "Input bytes of the requests accepted and not yet answered, and "
+                                "3 KiB each for the rest of what they hold, all models together "
+                                "(503 / UNAVAILABLE beyond).")
 
 
 def reply_high_water(limits: Limits) -> int:
@@ -145,6 +146,15 @@ class UnsentReplies:
             self.loop.call_soon(victim.drop)
 
 
+# What the worker holds of a queued request besides its inputs (its record, arrays, callbacks
+# and protocol state): ~3.2 KB a REST request of one INT32 at a model that does not answer, from
+# the worker's RSS over 6,000 of them. Counted, the cap bounds requests in number too: a client
+# that cancels (a gRPC RST_STREAM, a closed connection) frees its connection's or call's slot,
+# while its request waits in the queue until the batcher drops it, so tiny requests at a slow
+# model grew the queue without bound (4-byte inputs: a billion under the 4 GiB cap).
+REQUEST_OVERHEAD = 3 * 1024
+
+
 class HeldBytes:
     """Bytes held by accepted requests not yet answered, against `--max-queued-size`."""
 
@@ -174,8 +184,9 @@ class HeldBytes:
                 f"{self.limit / MIB:.0f} MiB: retry later", Status.UNAVAILABLE)  # fmt: skip
 
     def admit(self, request: InferRequest) -> None:
-        """Count a request's input bytes until `release`, or refuse it (503 / UNAVAILABLE)."""
-        size = input_bytes(request.inputs)
+        """Count a request's input bytes, and REQUEST_OVERHEAD, until `release`, or refuse it
+        (503 / UNAVAILABLE)."""
+        size = input_bytes(request.inputs) + REQUEST_OVERHEAD
         self.hold(size)
         request.held_bytes = size
 
