@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from serving import start_worker
+from serving import python_models, start_worker
 from tritonclient.utils import InferenceServerException
 
 MODELS = {
@@ -638,5 +638,51 @@ def test_async_exec_starts_the_call_and_bf16_crosses_dlpack_in_a_served_model(tm
             wanted = [httpclient.InferRequestedOutput("Y", binary_data=False)]
             answer = client.infer("halve", [x], outputs=wanted).get_response()["outputs"][0]
             assert answer["datatype"] == "BF16" and answer["data"] == [1.5, -0.5, 0.25]
+    finally:
+        served.stop()
+
+
+BACKGROUND = '''
+import asyncio
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    task = None
+
+    async def later(self):
+        await asyncio.sleep(0.05)
+        return threading.current_thread().name
+
+    async def execute(self, requests):
+        if self.task is None:  # the first call starts a task and returns
+            self.task = asyncio.create_task(self.later())
+            name = "started"
+        else:  # the next waits for it: on which thread did it run?
+            name = await asyncio.wait_for(asyncio.shield(self.task), 30)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", np.array([name.encode()], dtype=np.object_))]) for _ in requests]
+'''
+
+
+def test_a_task_an_async_execute_starts_runs_between_calls(tmp_path):
+    """A model that is not decoupled ran its async execute() on a loop that turned only
+    during its calls: a task it started (asyncio.create_task) stalled until the next call and
+    then ran on the call's thread. Triton's stub runs its loop for ever on a thread of its
+    own; the task now does too."""
+    python_models(tmp_path, {"background": BACKGROUND},
+                  'max_batch_size: 0\n'
+                  'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+                  'output [ { name: "Y" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    served = start_worker(tmp_path)
+    try:
+        with httpclient.InferenceServerClient(served.http) as client:
+            x = httpclient.InferInput("X", [1], "INT32")
+            x.set_data_from_numpy(np.array([1], np.int32))
+            names = [client.infer("background", [x]).as_numpy("Y")[0] for _ in range(3)]
+        assert names == [b"started", b"asyncio", b"asyncio"]
     finally:
         served.stop()

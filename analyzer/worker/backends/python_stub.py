@@ -888,6 +888,16 @@ class Stub:
                 self._loop = loop
             return self._loop
 
+    def _keep_running(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The call left tasks on its loop (a model's asyncio.create_task()): they stalled
+        between calls, where Triton's loop runs for ever. The loop becomes the model's loop,
+        run on a thread of its own, and the model's async execute() runs there from now on."""
+        with self._loop_lock:
+            if self._loop is not None:  # cannot happen: a model with one never uses call_loop
+                return
+            self._loop, self.call_loop, self.one_loop = loop, None, True
+        threading.Thread(target=loop.run_forever, name="asyncio", daemon=True).start()
+
     def _execute(self, requests: list[pb_utils.InferenceRequest]) -> Message:
         result = self.model.execute(requests)
         if self.one_loop and inspect.iscoroutine(result):  # on the model's loop, and waited for
@@ -898,14 +908,16 @@ class Stub:
             # waited for here, on a loop of this thread's: Triton runs it on the model's loop
             # thread and waits, which costs a thread hop each way (~42 against ~9 us a call);
             # a model with an async is_ready() pays it (one_loop)
+            import asyncio  # see call_loop
+
             try:
                 if self.call_loop is None:
-                    import asyncio  # see call_loop
-
                     self.call_loop = asyncio.new_event_loop()
                 result = self.call_loop.run_until_complete(result)
             finally:
                 self.bls.stop_watching()
+            if asyncio.all_tasks(self.call_loop):
+                self._keep_running(self.call_loop)
         responses = self._responses(requests, result)
         outputs: list[list[tuple[str, np.ndarray]] | None] = []
         errors: list[str | None] = []
