@@ -206,3 +206,24 @@ def test_an_output_region_not_registered_is_refused_before_the_model_runs(exampl
         assert executed() == before
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_input_the_model_does_not_take_is_refused_before_its_region_is_read(
+        examples_worker, regions, module):  # fmt: skip
+    """An input in shared memory was copied out (up to the input cap each) before its name was
+    checked: a 1 KB request naming a thousand inputs the model does not take made the worker
+    copy a thousand regions. Here the region cannot be read (past its end): the answer names the
+    input, so nothing was read."""
+    keys, _, _, _ = regions
+    url = examples_worker.http if module is httpclient else examples_worker.grpc
+    client = module.InferenceServerClient(url)
+    try:
+        client.register_system_shared_memory("probe", keys[0], 32)
+        bogus = module.InferInput("BOGUS", [1, 8], "FP32")
+        bogus.set_shared_memory("probe", 32, offset=16)
+        with pytest.raises(InferenceServerException, match="unexpected inference input 'BOGUS'"):
+            client.infer("add_sub", [bogus])
+    finally:
+        client.unregister_system_shared_memory("probe")
+        client.close()

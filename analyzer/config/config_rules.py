@@ -10,6 +10,10 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2
 
 WILDCARD = -1
+# dynamic_batching.priority_levels: the batcher keeps a queue per level and walks them per batch;
+# Triton sets no bound (its configs use a handful of levels), but 10^6 took 755 MiB and made
+# every inference 30x slower, and 2^64-1 never finished loading
+MAX_PRIORITY_LEVELS = 1000
 _TYPE_INVALID = model_config_pb2.DataType.Value("TYPE_INVALID")
 
 
@@ -35,6 +39,15 @@ def config_problems(config: Any, data_types: bool = True) -> list[str]:
             ):
                 problems.append(f"{label} has reshape {list(tensor.reshape.shape)}; each must be "
                                 "1 or more, or -1 for a size that varies")  # fmt: skip
+    if config.HasField("dynamic_batching"):
+        db = config.dynamic_batching
+        levels, default = db.priority_levels, db.default_priority_level
+        if levels > MAX_PRIORITY_LEVELS:
+            problems.append(f"dynamic_batching.priority_levels {levels} is over the worker's "
+                            f"limit of {MAX_PRIORITY_LEVELS}")  # fmt: skip
+        elif levels and default > levels:  # Triton's own rule (0 here: the lowest level)
+            problems.append(f"dynamic_batching.default_priority_level {default} is not one of "
+                            f"the {levels} priority_levels")  # fmt: skip
     batchers = []
     if config.HasField("dynamic_batching"):
         batchers.append(("dynamic_batching", config.dynamic_batching.preferred_batch_size))

@@ -52,7 +52,8 @@ class Scheduler:
         self.max_preferred = max(self.preferred)
         self.delay_ns = db.max_queue_delay_microseconds * 1000 if self.dynamic else 0
         levels = db.priority_levels if self.dynamic else 0
-        self.default_priority = db.default_priority_level or (levels if levels else 1)
+        # without levels, Triton ignores default_priority_level (one queue: 5 refused them all)
+        self.default_priority = (db.default_priority_level or levels) if levels else 1
         self.queues: list[deque[InferRequest]] = [deque() for _ in range(max(levels, 1))]
         policy = db.default_queue_policy
         self.max_queue_size = policy.max_queue_size

@@ -115,12 +115,13 @@ def decode_inputs(
         name, wire, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
         if name in inputs:
             raise InferError(f"input '{name}' is given twice")
-        if wire == "BYTES" and validator is not None:
+        region = regions[i]
+        if validator is not None and (wire == "BYTES" or region is not None):
+            # before a copy out of shared memory or the decoding of BYTES (see http_tensors)
             validator.check_type(name, wire)
         try:
             dtype = wire_to_numpy(wire)
             count = shape_count(shape)
-            region = regions[i]
             if region is not None:
                 if shm is None:
                     raise InferError("shared memory is not served here")

@@ -26,6 +26,8 @@ from analyzer.worker.http_message import (
     error_response,
 )
 from analyzer.worker.http_tensors import HEADER_LENGTH, _decode_inputs, _encode_outputs, _Plans
+from analyzer.worker.json_process import PROCESS_JSON_BYTES, parse_in_child
+from analyzer.worker.limits import HeldBytes
 from analyzer.worker.manager import ModelManager, Served
 from analyzer.worker.names import check_model_name
 from analyzer.worker.params import _object, _parse_json, show_value
@@ -37,6 +39,8 @@ from analyzer.worker.validate import check_once
 log = logging.getLogger(__name__)
 
 JSON_TYPE = "application/json"
+# a shared-memory register body is a key, an offset and a size: tens of bytes, parsed on the loop
+SHM_BODY_BYTES = 64 * 1024
 # /v2/models/<name>[/versions/<v>]/<action> -> Triton's restricted-API category
 _MODEL_ACTIONS = {
     "infer": "inference",
@@ -99,6 +103,7 @@ class RestApi:
         self.live = True
         self.ready = False
         self.strict_readiness = True  # tritonserver's --strict-readiness
+        self._repository = _Repository(manager)  # large repository bodies' turn, offloaded
 
     def __call__(self, request: HttpRequest, respond: Respond) -> None:
         parts = request.path.strip("/").split("/")
@@ -209,7 +214,41 @@ class RestApi:
 
     # -- /v2/repository/... -----------------------------------------------------------------
     def _repository_route(self, request: HttpRequest, parts: list[str], respond: Respond) -> None:
-        body = _parse_json(request.body) if request.body else {}
+        """A load's body may carry a config and model files (base64 'file:' parameters: an
+        ONNX model of tens of MiB is a fair upload), so it is not capped below the body cap;
+        one of PROCESS_JSON_BYTES or more is parsed as a large infer body is: in a child
+        process, from the offload thread, its bytes held against --max-queued-size (a 14 MiB
+        body parsed on the loop kept every client, health checks included, waiting 4.6 s)."""
+        if len(request.body) < PROCESS_JSON_BYTES:
+            self._repository_call(request, parts, respond,
+                                  _parse_json(request.body) if request.body else {})  # fmt: skip
+            return
+        loop = self.loop
+
+        def parse() -> None:
+            try:
+                body: dict[str, Any] | InferError = parse_in_child(request.body)
+            except InferError as err:
+                body = err
+            except Exception as err:  # a bug must still answer the request
+                log.exception("parsing a large repository request failed")
+                body = InferError(f"internal error: {err}", Status.INTERNAL)
+            loop.call_soon_threadsafe(self._repository_parsed, request, parts, respond, body)
+
+        offload.defer(self._repository, len(request.body), parse)
+
+    def _repository_parsed(self, request: HttpRequest, parts: list[str], respond: Respond,
+                           body: dict[str, Any] | InferError) -> None:  # fmt: skip
+        """On the loop again: a large repository body parsed (or its parser's error)."""
+        try:
+            if isinstance(body, InferError):
+                raise body
+            self._repository_call(request, parts, respond, body)
+        except InferError as err:
+            respond(_error(err))
+
+    def _repository_call(self, request: HttpRequest, parts: list[str], respond: Respond,
+                         body: dict[str, Any]) -> None:  # fmt: skip
         if parts[2:] == ["index"] and request.method == "POST":
             ready = body.get("ready", False)
             if not isinstance(ready, bool):
@@ -247,6 +286,10 @@ class RestApi:
     def _shm_route(self, request: HttpRequest, parts: list[str]) -> HttpResponse:
         """Triton's shared-memory extension: [region/<name>/]status (GET), region/<name>/register
         and [region/<name>/]unregister (POST). CUDA regions need a GPU build: none here."""
+        size = len(request.body)
+        if size > SHM_BODY_BYTES:  # a key, an offset, a size: parsed on the loop
+            return error_response(413, f"a shared-memory request body of {size} bytes exceeds "
+                                       f"its limit of {SHM_BODY_BYTES} bytes")  # fmt: skip
         system = parts[1] == "systemsharedmemory"
         name = ""
         rest = parts[2:]
@@ -361,6 +404,23 @@ class RestApi:
                 loop.call_soon_threadsafe(respond, error_response(500, f"internal error: {err}"))
 
         offload.defer(model, len(http.body), job)
+
+
+class _Repository:
+    """The repository API as offload.defer sees it: large bodies parsed in arrival order, their
+    bytes held against --max-queued-size (`held`) while they wait."""
+
+    name = "the repository API"
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+
+    @property
+    def held(self) -> HeldBytes | None:
+        return self.manager.held
+
+    def submit(self, request: InferRequest, checked: bool = False) -> None:
+        raise NotImplementedError  # only defer() is used: nothing is queued on the repository
 
 
 def _json_length(http: HttpRequest) -> int:

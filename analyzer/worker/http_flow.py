@@ -136,7 +136,10 @@ class Flow(ConnectionState):
         encoded = "".join(head).encode("latin-1")
         if cell is not None and not close:
             cell[0] = encoded
-        transport.writelines([encoded, *response.body])
+        if response.head_only:
+            transport.write(encoded)
+        else:
+            transport.writelines([encoded, *response.body])
         if self.paused & _WRITES:  # over its high water: the server counts it
             self._count_unsent()
 

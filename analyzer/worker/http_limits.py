@@ -41,6 +41,26 @@ class RequestChecks(ConnectionState):
                               "(--http-max-header-size)")  # fmt: skip
         raise _Stop
 
+    def _trailer_line(self, size: int) -> None:
+        """A chunked request's trailer line: the trailers are capped as the head is (they are
+        not kept: 800,000 lines were 12.8 MB held)."""
+        self.trailer += size
+        if self.trailer > self.head_cap:
+            self._refuse_trailers()
+
+    def _refuse_trailers(self) -> None:
+        self._refuse(431, f"request trailers exceed the limit of {self.head_cap} bytes "
+                          "(--http-max-header-size)")  # fmt: skip
+        raise _Stop
+
+    def _transfer_encoding(self, value: str) -> None:
+        """Chunked alone: the parser takes 'gzip, chunked' too, and would hand the body on
+        still gzipped (a lone 'gzip' it refuses itself, 400)."""
+        if value.strip().lower() != "chunked":
+            self._refuse(400, f"unsupported Transfer-Encoding '{value[:64]}': only chunked "
+                              "is supported")  # fmt: skip
+            raise _Stop
+
     def _refuse_body(self, what: str) -> None:
         cap = self.body_cap
         self._refuse(413, f"{what} exceeds the limit of {cap} bytes (--http-max-input-size)")
@@ -77,14 +97,15 @@ class RequestChecks(ConnectionState):
         elif name == "deflate":
             self.inflater = zlib.decompressobj()
         elif name != "identity":
-            self.bad = error_response(400, f"unsupported Content-Encoding '{encoding}'")
+            self.bad = error_response(400, f"unsupported Content-Encoding '{encoding[:64]}'")
         self.inflated = 0
 
     def _encoded_body(self, data: bytes) -> None:
         if self.inflater is not None:
             self._inflate(self.inflater, data)
-        elif self.bad is None:  # identity
+        elif self.bad is None:  # identity: held as a plain body is
             self.body.append(data)
+            self._hold(len(data))
 
     def _inflate(self, inflater: zlib._Decompress, data: bytes) -> None:
         """Inflate as it arrives, asking zlib for at most one byte beyond the cap."""
@@ -101,6 +122,8 @@ class RequestChecks(ConnectionState):
         if out:
             self.body.append(out)
             self._hold(len(out))
+        if inflater.eof and inflater.unused_data:  # zlib would keep it, uncounted
+            self._bad_encoding("data after the end of the compressed stream")
 
     def _finish_inflating(self, body: bytes) -> bytes:
         inflater, self.inflater = self.inflater, None
@@ -113,3 +136,4 @@ class RequestChecks(ConnectionState):
         self.bad = error_response(400, f"request body is not valid {encoding} data: {why}")
         self.inflater = None
         self.body = []
+        self._let_go()  # what was inflated is dropped

@@ -35,6 +35,8 @@ class HttpResponse:
     # a cell shared by responses whose status, content type, body length and headers are all
     # alike: the transport keeps their encoded HTTP head in it, built once
     wire: list[bytes | None] | None = None
+    # an answer to HEAD: its head gives the body's length, the body is not sent (RFC 9110 9.3.2)
+    head_only: bool = False
 
 
 Respond = Callable[[HttpResponse], None]

@@ -32,13 +32,14 @@ import resource
 import socket
 import sys
 from collections import deque
+from dataclasses import replace
 from typing import cast
 
 import httptools
 
 from analyzer.worker.http_flow import _PENDING, _WRITES, Flow, _now
 from analyzer.worker.http_limits import RequestChecks, _Stop
-from analyzer.worker.http_message import Handler, HttpRequest, error_response
+from analyzer.worker.http_message import Handler, HttpRequest, Respond, error_response
 from analyzer.worker.http_state import Slot
 from analyzer.worker.limits import Limits, UnsentReplies, reply_high_water
 
@@ -135,6 +136,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         self.idle_since = 0.0  # ... and since when
         self.raw_head = 0  # bytes of whole chunks that fell inside one request's head ...
         self.raw_count = 0  # ... the request `count` they belong to
+        self.trailer = -1  # bytes of a chunked request's trailers (-1: not in them)
         self.body_bytes = 0
         self.encoded = False  # this request has a Content-Encoding
         self.inflater = None  # zlib decompressobj for a Content-Encoding body
@@ -206,7 +208,7 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         try:
             # a head that ends in the chunk it began in is no longer than the chunk: only a chunk
             # longer than the cap, or one that goes on a head, needs the head measured
-            if self.in_head or len(data) > self.head_cap:
+            if self.in_head or len(data) > self.head_cap or self.trailer >= 0:
                 self._feed_measured(data)
             else:
                 self.parser.feed_data(data)
@@ -267,10 +269,19 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         """Feed with heads measured when complete; httptools buffers a header until it is whole,
         so a head that never ends is capped from the chunks that fell entirely inside it."""
         count, inside = self.count, self.in_head
+        trailing, body = self.trailer >= 0, self.body_bytes  # after a chunk's size line
         self.measure = True
         self.parser.feed_data(data)
         if not self.in_head:
             self.measure = False
+            # no body came: the chunk fell inside the trailers (a line httptools buffers)
+            if trailing and self.trailer >= 0 and self.count == count \
+                    and self.body_bytes == body and not self.refused:  # fmt: skip
+                if self.raw_count != -count:  # (negative: the trailers', not the head's)
+                    self.raw_count, self.raw_head = -count, 0
+                self.raw_head += len(data)
+                if self.raw_head > self.head_cap:
+                    self._refuse_trailers()
         elif inside and self.count == count and not self.refused:
             if self.raw_count != count:
                 self.raw_count, self.raw_head = count, 0
@@ -287,17 +298,24 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         self.receiving = self.in_head = True
         self.began = _now()
         self.body_bytes = 0
+        self.trailer = -1
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.trailer >= 0:  # a trailer: counted against the head's cap, not kept
+            self._trailer_line(len(name) + len(value) + 4)
+            return
         key = _HEADER_NAMES.get(name)
         if key is None:
             key = name.decode("latin-1").lower()
             if len(_HEADER_NAMES) < _MAX_HEADER_NAMES:
                 _HEADER_NAMES[name] = key
-        self.headers[key] = value.decode("latin-1")
+        text = value.decode("latin-1")
+        if key == "transfer-encoding" and key in self.headers:  # the parser reads them joined
+            text = f"{self.headers[key]}, {text}"
+        self.headers[key] = text
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -308,6 +326,8 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
         if length is not None and len(length) >= self.length_digits:
             if int(length) > self.body_cap:
                 self._refuse_body(f"request body of {int(length)} bytes")
+        if "transfer-encoding" in headers:
+            self._transfer_encoding(headers["transfer-encoding"])
         if "content-encoding" in headers:
             self.encoded = True
             self._start_inflating(headers["content-encoding"])
@@ -324,10 +344,20 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
             self.body.append(body)
             self._hold(len(body))
 
+    def on_chunk_header(self) -> None:
+        self.trailer = 0  # a chunk's size line: its body, or the trailers after the last one
+
+    def on_chunk_complete(self) -> None:
+        self.trailer = -1
+
     def on_message_complete(self) -> None:
         self.receiving = False
         if self.held:
             self._let_go()  # handed over: from here the model's queue bounds it
+        headers = self.headers
+        method = self.parser.get_method()
+        if ("upgrade" in headers or method == b"CONNECT") and self.parser.should_upgrade():
+            return  # refused once the parser stops at it (HttpParserUpgrade): one answer
         body: bytes = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
         if not self.parser.should_keep_alive():
@@ -343,12 +373,11 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
                 return
         url = self.url.decode("latin-1")
         path, _, query = url.partition("?")
-        headers = self.headers
-        request = HttpRequest(self.parser.get_method().decode(), path, query, headers, body)
+        request = HttpRequest(method.decode(), path, query, headers, body)
         if (body and self.count >= self.relearn and not self.closing
                 and "content-length" in headers and not _UNREPEATABLE & headers.keys()):
             self.learned = request  # fmt: skip
-        self._accept(request, self.handler)
+        self._accept(request, _head_only(self.handler) if method == b"HEAD" else self.handler)
 
     def _accept(self, request: HttpRequest, handler: Handler) -> None:
         """A whole request: handed to `handler` now, or queued while too many are unanswered."""
@@ -370,8 +399,9 @@ class _Protocol(RequestChecks, Flow, asyncio.Protocol):
 
     def _dispatch(self, slot: Slot) -> None:
         request = slot[1]
+        handler = _head_only(self.handler) if request.method == "HEAD" else self.handler
         try:
-            self.handler(request, lambda response: self._fill(slot, response))
+            handler(request, lambda response: self._fill(slot, response))
         except Exception as err:  # a handler bug must not leave the request unanswered
             log.exception("HTTP handler failed for %s %s", request.method, request.path)
             self._fill(slot, error_response(500, f"internal error: {err}"))
@@ -432,6 +462,16 @@ class _Repeat:
         self.handler = handler
         self.gap = gap  # requests between the learning of this and the one before
         self.hits = 0
+
+
+def _head_only(handler: Handler) -> Handler:
+    """HEAD answered as GET would be, without the body (RFC 9110 9.3.2): a body after it
+    would be read as the start of the next answer on a kept-alive connection."""
+
+    def answer(request: HttpRequest, respond: Respond) -> None:
+        handler(request, lambda response: respond(replace(response, head_only=True, wire=None)))
+
+    return answer
 
 
 def _run_disconnect_hooks(request: HttpRequest) -> None:

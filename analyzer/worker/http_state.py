@@ -41,6 +41,8 @@ class ConnectionState:
     began: float  # when the request being received (or the connection) began
     raw_head: int  # bytes of whole chunks that fell inside one request's head ...
     raw_count: int  # ... the request `count` they belong to
+    # bytes of the trailer lines of a chunked request; -1 outside a chunk's size line and trailers
+    trailer: int
     body_bytes: int
     encoded: bool  # this request has a Content-Encoding
     inflater: zlib._Decompress | None

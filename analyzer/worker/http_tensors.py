@@ -10,7 +10,9 @@ response built once per output layout.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -226,7 +228,9 @@ def _decode_inputs(
     available = len(binary)
     for p in plan.inputs:
         name, size = p.name, p.size
-        if p.wire == "BYTES" and validator is not None:
+        if validator is not None and (p.wire == "BYTES" or p.region is not None):
+            # before a copy out of shared memory (up to the input cap each) as before decoding
+            # BYTES: inputs the model does not take were read first, and then refused
             validator.check_type(name, p.wire)
         try:
             if p.region is not None:
@@ -285,22 +289,51 @@ def _input_spec(spec: Any) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
 def _from_json_data(data: Any, wire: str, shape: tuple[int, ...], count: int) -> np.ndarray:
     """JSON 'data' as an array; only strings for BYTES and only numbers otherwise.
 
-    A large flat list (what clients send) is converted CHUNK_ELEMENTS at a time: one numpy call
-    over millions of values holds the GIL, and so the event loop, for as long as it runs, even
-    on the offload thread."""
-    if count >= OFFLOAD_ELEMENTS and type(data) is list and len(data) == count:
-        parts = [_from_flat(data[start : start + CHUNK_ELEMENTS], wire)
-                 for start in range(0, count, CHUNK_ELEMENTS)]  # fmt: skip
-        while data:  # freed a slice at a time too: freeing millions of values is one C call
-            del data[-CHUNK_ELEMENTS:]
-        return np.concatenate(parts).reshape(shape)
-    try:
-        flat = np.asarray(data, dtype=np.object_ if wire == "BYTES" else None).ravel()
-    except (ValueError, TypeError, OverflowError) as err:
-        raise ValueError(f"'data' is not a (nested) list of values: {err}") from None
-    if flat.size != count:
-        raise ValueError(f"shape {list(shape)} needs {count} values, 'data' has {flat.size}")
-    return _from_flat(flat, wire).reshape(shape)
+    Flat or nested as the shape (any nesting holding `count` values, as np.asarray takes it).
+    The count is checked first, from the lengths of the first lists, and a large list is
+    flattened and converted CHUNK_ELEMENTS at a time: one numpy call over millions of values
+    holds the GIL, and so the event loop, for as long as it runs, even on the offload
+    thread."""
+    if type(data) is not list:  # one value, as np.asarray takes it
+        data = [data]
+    dims: list[int] = []
+    node: Any = data
+    while type(node) is list:
+        dims.append(len(node))
+        node = node[0] if node else None
+    held = 1
+    for dim in dims:
+        held *= dim
+    if held != count:
+        raise ValueError(f"shape {list(shape)} needs {count} values, 'data' has {held}")
+    flat = _flatten(data, dims) if len(dims) > 1 else data
+    if count <= CHUNK_ELEMENTS:
+        return _from_flat(flat, wire).reshape(shape)
+    parts = [_from_flat(flat[start : start + CHUNK_ELEMENTS], wire)
+             for start in range(0, count, CHUNK_ELEMENTS)]  # fmt: skip
+    for values in (flat, data):  # freed a slice at a time: freeing millions is one C call
+        while values:
+            del values[-CHUNK_ELEMENTS:]
+    return np.concatenate(parts).reshape(shape)
+
+
+def _flatten(data: list[Any], dims: list[int]) -> list[Any]:
+    """Nested lists of lengths `dims` as one flat list, each level a slice at a time; the
+    lists of each level emptied as they are read, so that freeing `data` is short too."""
+    level = data
+    for size in dims[1:]:
+        step = max(CHUNK_ELEMENTS // max(size, 1), 1)
+        below: list[Any] = []
+        for start in range(0, len(level), step):
+            part = level[start : start + step]
+            if any(type(v) is not list or len(v) != size for v in part):
+                raise ValueError("'data' is not a (nested) list of values of the input's shape: "
+                                 "its lists differ in length")  # fmt: skip
+            below.extend(chain.from_iterable(part))
+            for v in part:
+                v.clear()
+        level = below
+    return level
 
 
 def _from_flat(values: Any, wire: str) -> np.ndarray:
@@ -351,6 +384,8 @@ def _encode_outputs(
         wanted = [(name, {}) for name in outputs]
     entries: list[dict[str, Any]] = []
     blobs, sent = [], []
+    # JSON outputs of many values: (the marker standing for its 'data' in the head, its JSON)
+    large: list[tuple[bytes, list[bytes]]] = []
     for name, params in wanted:
         if name not in outputs:
             return error_response(500, f"model '{model.name}' did not produce output '{name}'")
@@ -371,13 +406,12 @@ def _encode_outputs(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
             sent.append((name, wire))
-        elif wire == "BYTES":
-            entry["data"] = [
-                v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-                for v in array.ravel()
-            ]
-        else:  # JSON has no bfloat16: its values are exact as float32
-            entry["data"] = (array.astype(np.float32) if wire == "BF16" else array).ravel().tolist()
+        elif array.size > CHUNK_ELEMENTS:  # spliced into the head below, encoded in slices
+            marker = f"\0{os.urandom(8).hex()}"  # no client's 'id' spells it
+            entry["data"] = marker
+            large.append((json.dumps(marker).encode(), _json_values(array, wire)))
+        else:
+            entry["data"] = _json_list(array.ravel(), wire)
         entries.append(entry)
     header: dict[str, Any] = {
         "model_name": model.name,
@@ -389,9 +423,10 @@ def _encode_outputs(
     if parameters:
         header["parameters"] = parameters
     head = json.dumps(header, separators=(",", ":")).encode()
+    heads_out = _splice(head, large) if large else [head]
     if not blobs:
-        return HttpResponse(200, [head])
-    headers = [("Inference-Header-Content-Length", str(len(head)))]
+        return HttpResponse(200, heads_out)
+    headers = [("Inference-Header-Content-Length", str(sum(map(len, heads_out))))]
     # a head holds no values when every output is binary and of a fixed size per element
     if heads is not None and key is not None and len(sent) == len(entries) and all(
         wire not in ("BYTES", "BF16") for _, wire in sent
@@ -400,4 +435,38 @@ def _encode_outputs(
             del heads[next(iter(heads))]
         # the key fixes every output's type and shape, so the body's length: one HTTP head
         heads[key] = (head, sent, headers, [None])
-    return HttpResponse(200, [head, *blobs], _BINARY_TYPE, headers)
+    return HttpResponse(200, [*heads_out, *blobs], _BINARY_TYPE, headers)
+
+
+def _json_list(flat: np.ndarray, wire: str) -> list[Any]:
+    """A flat array's values as JSON takes them."""
+    if wire == "BYTES":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
+    # JSON has no bfloat16: its values are exact as float32
+    values: list[Any] = (flat.astype(np.float32) if wire == "BF16" else flat).tolist()
+    return values
+
+
+def _json_values(array: np.ndarray, wire: str) -> list[bytes]:
+    """An output's 'data' as JSON, made CHUNK_ELEMENTS values at a time: one tolist() and one
+    json.dumps over millions of values held the GIL, and so the event loop, for seconds (a
+    4M-value FP32 output: 3.7 s). The same bytes as json.dumps of the whole list."""
+    flat = array.ravel()
+    pieces = [b"["]
+    for start in range(0, flat.size, CHUNK_ELEMENTS):
+        text = json.dumps(_json_list(flat[start : start + CHUNK_ELEMENTS], wire),
+                          separators=(",", ":"))  # fmt: skip
+        pieces.append((text[1:-1] if start == 0 else "," + text[1:-1]).encode())
+    pieces.append(b"]")
+    return pieces
+
+
+def _splice(head: bytes, large: list[tuple[bytes, list[bytes]]]) -> list[bytes]:
+    """The head with each marker replaced by its output's JSON pieces, in order."""
+    out: list[bytes] = []
+    for marker, pieces in large:
+        before, head = head.split(marker, 1)
+        out.append(before)
+        out.extend(pieces)
+    out.append(head)
+    return out

@@ -74,24 +74,43 @@ def parse_in_child(body: bytes | bytearray | memoryview) -> dict[str, Any]:
         raise InferError(f"malformed JSON in request body: {bytes(payload).decode()}")
     if kind == b"N":
         raise InferError("request body must be a JSON object")
-    document, lists = pickle.loads(payload)
-    return join(document, lists)
+    document, cut = pickle.loads(payload)
+    return join(document, cut)
 
 
-def join(document: dict[str, Any], lists: list[list[bytes]]) -> dict[str, Any]:
-    """json_child.split undone: each `(index,)` marker becomes its list, a slice at a time."""
-    if not lists:
-        return document
-    stack: list[Any] = [document]
+def join(document: Any, cut: list[tuple[bool, list[tuple[bytes, bool]]]]) -> dict[str, Any]:
+    """json_child.split undone: each `(index,)` marker becomes its list or object again, a
+    slice at a time (each slice's pickle.loads a short C call). The child cut children
+    first, so the markers inside a cut container name earlier ones: rebuilt in order, no
+    recursion however deep they nest."""
+    built: list[Any] = []
+    for is_dict, runs in cut:
+        whole: Any = {} if is_dict else []
+        for run, marked in runs:
+            part = pickle.loads(run)
+            if marked:
+                _fill(part, built)
+            if is_dict:
+                whole.update(part)
+            else:
+                whole.extend(part)
+        built.append(whole)
+    root = [document]
+    if built:
+        _fill(root, built)
+    result: dict[str, Any] = root[0]
+    return result
+
+
+def _fill(node: list[Any] | dict[str, Any], built: list[Any]) -> None:
+    """The markers inside `node` (a part json_child left whole: small) replaced by what they
+    stand for."""
+    stack = [node]
     while stack:
-        node = stack.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node)
+        part = stack.pop()
+        items = part.items() if isinstance(part, dict) else enumerate(part)
         for key, value in items:
             if type(value) is tuple:
-                values: list[Any] = []
-                for run in lists[value[0]]:
-                    values.extend(pickle.loads(run))
-                node[key] = values
+                part[key] = built[value[0]]  # type: ignore[index]
             elif isinstance(value, dict | list) and value:
                 stack.append(value)
-    return document

@@ -23,6 +23,7 @@ from stat import S_ISREG
 from typing import Any
 
 from analyzer.worker.errors import InferError, Status
+from analyzer.worker.params import show_value
 
 SHM_DIR = "/dev/shm"
 CUDA_UNAVAILABLE = ("CUDA shared memory is not available: this worker has no CUDA support; use "
@@ -44,9 +45,15 @@ class Region:
                 "byte_size": self.byte_size}  # fmt: skip
 
 
+def _cut(name: str) -> str:
+    """A region name the client gave, for a message: the registered ones are MAX_NAME long at
+    most, one an infer request or a status names is not."""
+    return name if len(name) <= 64 else name[:64] + "..."
+
+
 def _natural(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InferError(f"{what} must be a non-negative integer, got {value!r}")
+        raise InferError(f"{what} must be a non-negative integer, got {show_value(value)}")
     return value
 
 
@@ -61,26 +68,30 @@ class SharedMemoryRegistry:
         if not name or len(name) > MAX_NAME:
             raise InferError(f"shared memory region name must be 1 to {MAX_NAME} characters")
         if not isinstance(key, str):
-            raise InferError(f"shared memory 'key' must be a string, got {key!r}")
+            raise InferError(f"shared memory 'key' must be a string, got {show_value(key)}")
         offset = _natural(offset, "shared memory 'offset'")
         byte_size = _natural(byte_size, "shared memory 'byte_size'")
+        shown = show_value(key)  # the client's: cut, and escaped as JSON
         base = key[1:] if key.startswith("/") else key
         if not base or "/" in base or base in (".", "..") or "\0" in base:
-            raise InferError(f"shared memory key '{key}' must name one object under {SHM_DIR}")
-        path = os.path.join(self.directory, base)
+            raise InferError(f"shared memory key {shown} must name one object under {SHM_DIR}")
+        try:  # JSON may carry a lone surrogate, which no file name holds (UnicodeEncodeError)
+            path = os.fsencode(os.path.join(self.directory, base))
+        except UnicodeEncodeError:
+            raise InferError(f"shared memory key {shown} is not valid UTF-8 text") from None
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError as err:
-            raise InferError(f"Unable to open shared memory region: '{key}' "
+            raise InferError(f"Unable to open shared memory region: {shown} "
                              f"({err.strerror})") from None  # fmt: skip
         try:
             stat = os.fstat(fd)
             if not S_ISREG(stat.st_mode):
-                raise InferError(f"shared memory key '{key}' does not name a shared memory "
+                raise InferError(f"shared memory key {shown} does not name a shared memory "
                                  "object")  # fmt: skip
             if byte_size == 0 or offset + byte_size > stat.st_size:
                 raise InferError(f"shared memory region '{name}': offset {offset} + "
-                                 f"byte_size {byte_size} does not fit in '{key}' of "
+                                 f"byte_size {byte_size} does not fit in {shown} of "
                                  f"{stat.st_size} bytes")  # fmt: skip
             with self._lock:
                 if name in self._regions:
@@ -105,14 +116,14 @@ class SharedMemoryRegistry:
     def status(self, name: str = "") -> list[dict[str, Any]]:
         with self._lock:
             if name and name not in self._regions:
-                raise InferError(f"Unable to find system shared memory region: '{name}'",
+                raise InferError(f"Unable to find system shared memory region: '{_cut(name)}'",
                                  Status.NOT_FOUND)  # fmt: skip
             return [r.status() for n, r in self._regions.items() if not name or n == name]
 
     def _region(self, name: str, offset: int, size: int) -> Region:
         region = self._regions.get(name)
         if region is None:
-            raise InferError(f"Unable to find shared memory region: '{name}'")
+            raise InferError(f"Unable to find shared memory region: '{_cut(name)}'")
         if offset + size > region.byte_size:
             raise InferError(f"shared memory region '{name}' holds {region.byte_size} bytes; "
                              f"offset {offset} + {size} bytes do not fit")  # fmt: skip
@@ -170,7 +181,8 @@ def region_params(params: dict[str, Any], what: str) -> tuple[str, int, int] | N
     if name is None:
         return None
     if not isinstance(name, str):
-        raise InferError(f"{what}: 'shared_memory_region' must be a string, got {name!r}")
+        raise InferError(f"{what}: 'shared_memory_region' must be a string, got "
+                         f"{show_value(name)}")  # fmt: skip
     size = _natural(params.get("shared_memory_byte_size"), f"{what}: 'shared_memory_byte_size'")
     offset = _natural(params.get("shared_memory_offset", 0), f"{what}: 'shared_memory_offset'")
     return name, offset, size
