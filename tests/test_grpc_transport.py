@@ -113,6 +113,14 @@ def check_add_sub(response: pb.ModelInferResponse, a: float = 3.0, b: float = 1.
     assert out["OUTPUT0"].tolist() == [a + b] * 4 and out["OUTPUT1"].tolist() == [a - b] * 4
 
 
+def still_serves(peer: Peer, stream: int) -> None:
+    """The connection answers an add_sub call on `stream`."""
+    peer.send(frame(HEADERS, END_HEADERS, stream, peer.request_headers()),
+              frame(DATA, END_STREAM, stream, add_sub_message()))  # fmt: skip
+    response, _ = answer(peer.until(ends(stream)), stream)
+    check_add_sub(response)
+
+
 def test_ping_and_settings_are_acknowledged(worker):
     peer = Peer(worker.grpc)
     try:
@@ -310,10 +318,7 @@ def test_a_message_over_the_cap_is_refused_before_it_arrives(tmp_path):
         frames = peer.until(lambda f: f[2] == 1 and f[0] == RST_STREAM)
         trailers = [f[3] for f in frames if f[0] == HEADERS][-1]
         assert trailers[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
-        peer.send(frame(HEADERS, END_HEADERS, 3, peer.request_headers()),
-                  frame(DATA, END_STREAM, 3, add_sub_message()))  # fmt: skip
-        response, _ = answer(peer.until(ends(3)), 3)
-        check_add_sub(response)  # the connection still serves
+        still_serves(peer, 3)
     finally:
         peer.close()
         served.stop()
@@ -437,10 +442,7 @@ def test_whole_messages_of_calls_that_do_not_end_count_in_the_buffered_total():
         trailers = peer.until(lambda f: f[0] == HEADERS and f[2] == 3)[-1][3]
         assert trailers[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
         assert b"half-received" in trailers[b"grpc-message"]
-        peer.send(frame(HEADERS, END_HEADERS, 5, peer.request_headers()),
-                  frame(DATA, END_STREAM, 5, add_sub_message()))  # fmt: skip
-        response, _ = answer(peer.until(ends(5)), 5)
-        check_add_sub(response)  # the connection still serves
+        still_serves(peer, 5)
     finally:
         peer.close()
         served.stop()
