@@ -27,8 +27,11 @@ test: $(STAMP)
 	$(BIN)/python examples/build_examples.py
 	$(BIN)/ruff check analyzer tests benchmarks examples
 	@# mypy (~30 s of one core) beside the tests, its verdict after theirs (`make lint` alone is
-	@# the quick check)
-	@log=$$(mktemp); $(BIN)/mypy > $$log 2>&1 & typing=$$!; \
+	@# the quick check); it holds the tests' shared lock (tests/conftest.py), so that a test
+	@# that needs the machine to itself waits for it
+	@log=$$(mktemp); lock=$$(command -v flock >/dev/null && \
+	  echo flock -s "$${TMPDIR:-/tmp}/model-analyzer-tests.lock"); \
+	$$lock $(BIN)/mypy > $$log 2>&1 & typing=$$!; \
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	  $(PYTEST_ARGS); rc=$$?; \
 	wait $$typing; typed=$$?; echo "$(BIN)/mypy:"; cat $$log; rm -f $$log; \

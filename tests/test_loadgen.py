@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -118,6 +119,32 @@ def test_saturated_client_is_flagged(examples_worker):
     assert any("load generator used" in w for w in point.warnings)
 
 
+def _core_busy_s(core: str) -> float:
+    """Seconds CPU `core` has run processes, or been taken by the hypervisor, since boot
+    (/proc/stat's user, nice, system and steal; not interrupts, which a client's own
+    loopback traffic makes)."""
+    with open("/proc/stat") as f:
+        fields = next(line for line in f if line.startswith(f"cpu{core} ")).split()[1:]
+    user, nice, system, _idle, _iowait, _irq, _softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _others_share(core: str, run) -> tuple[object, float]:
+    """`run()`'s result, and the share of its wall time that processes other than its own
+    children kept `core` busy: what the "alone" leg needs to be ~0 to mean anything."""
+    import resource
+
+    def children() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    busy, own, start = _core_busy_s(core), children(), time.monotonic()
+    result = run()
+    wall = time.monotonic() - start
+    others = _core_busy_s(core) - busy - (children() - own)
+    return result, max(others, 0.0) / wall
+
+
 def _perf_csv(url: str, tmp_path, core: str, name: str) -> tuple[dict, str]:
     """Run `perf` at c=2 pinned to `core`; its one CSV row and its stdout."""
     out = tmp_path / f"{name}.csv"
@@ -146,8 +173,17 @@ def test_client_starved_of_cpu_is_flagged_client_bound(tmp_path):
     client_core, server_core = (str(c) for c in sorted(os.sched_getaffinity(0))[:2])
     worker = start_worker(EXAMPLES, cpus=server_core)
     try:
-        row, stdout = _perf_csv(worker.http, tmp_path, client_core, "alone")
-        assert row["Client Bound"] == "false", row
+        # the lock holds other tests back, not what runs beside pytest (`make test`'s mypy, a
+        # docker build under a fixture's setup): a leg whose core others used is not "alone",
+        # and is run again, for up to a minute
+        end = time.monotonic() + 60
+        while True:
+            (row, stdout), others = _others_share(
+                client_core, lambda: _perf_csv(worker.http, tmp_path, client_core, "alone"))
+            if row["Client Bound"] == "false" or others < 0.05 or time.monotonic() > end:
+                break
+            time.sleep(2)
+        assert row["Client Bound"] == "false", (f"others used {others:.0%} of the core", row)
         assert "CLIENT-BOUND" not in stdout and "client-bound" not in stdout
         assert float(row["Effective Concurrency"]) > 1.8
         hogs = [
