@@ -121,9 +121,7 @@ class CallHandling(ConnectionState):
     def _unary(self, stream: Stream) -> None:
         data = stream.message
         stream.message = None
-        if stream.held:
-            self.server.buffered -= stream.held
-            stream.held = 0
+        self._unhold(stream)
         if stream.method == INFER_METHOD:
             self._infer(stream, data)
             return
@@ -375,10 +373,14 @@ class CallHandling(ConnectionState):
         if left:
             self.server.buffered -= left
             stream.buf = bytearray()
-        if stream.held:  # a whole unary message, waiting for its stream's end
+        self._unhold(stream)
+        return left
+
+    def _unhold(self, stream: Stream) -> None:
+        """A whole unary message that waited for its stream's end leaves the global count."""
+        if stream.held:
             self.server.buffered -= stream.held
             stream.held = 0
-        return left
 
     def _release(self, stream: Stream) -> None:
         """The call is answered or gone: its deadline timer and its RPC slot are freed."""

@@ -237,8 +237,7 @@ class RequestReading(CallHandling):
             size = _U32.unpack_from(chunk, 1)[0]
             if chunk[0] == 0 and len(chunk) == 5 + size <= self.limits.grpc_max_message_bytes:
                 stream.message = bytes(chunk[5:])
-                if not stream.remote_done:
-                    self._count_message(stream)
+                self._count_message(stream)
                 return
         before = len(buf)
         buf += chunk
@@ -276,8 +275,7 @@ class RequestReading(CallHandling):
                     return
             if stream.message is None:
                 stream.message = message
-                if not stream.remote_done:
-                    self._count_message(stream)
+                self._count_message(stream)
             else:
                 self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED,
                              "a unary call got more than one request message")  # fmt: skip
@@ -301,7 +299,9 @@ class RequestReading(CallHandling):
     def _count_message(self, stream: Stream) -> None:
         """A unary call's whole message before its stream ends counts with the half-received
         bytes: it waited uncounted, so calls that never ended held any number of messages of
-        up to the cap each until the header timeout."""
+        up to the cap each until the header timeout. (One that ends the stream goes at once.)"""
+        if stream.remote_done:
+            return
         assert stream.message is not None
         size = 5 + len(stream.message)
         server = self.server
